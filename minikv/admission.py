@@ -1,0 +1,55 @@
+"""Admission control: the checks a request must pass before it may hold any KV cache.
+
+Every refusal is an HTTP 400 whose message names the numbers involved. The checks run
+cheapest first, and the same functions serve the single-node engine and the disaggregated
+front door, so both refuse the same requests with the same words.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from minikv.request import Request
+from minikv.sampling import SamplingParams
+from minikv.tokenizer import PromptError, encode_prompt
+
+
+class Rejected(Exception):
+    """A request answered 400; `prompt_tokens` is how many tokens it had, when known."""
+
+    def __init__(self, reason: str, prompt_tokens: int = 0) -> None:
+        super().__init__(reason)
+        self.reason, self.prompt_tokens = reason, prompt_tokens
+
+
+def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Shape checks that need no capacity numbers; returns the prompt's token ids."""
+    if not isinstance(request.tenant, str) or not request.tenant:
+        raise Rejected("tenant must be a non-empty string")
+    if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+        raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
+    if not isinstance(request.sampling, SamplingParams):
+        raise Rejected("sampling must be SamplingParams")
+    problem = request.sampling.problem()
+    if problem:
+        raise Rejected(problem)
+    try:
+        return encode_prompt(tokenizer, request.prompt)
+    except PromptError as e:
+        raise Rejected(str(e)) from None
+
+
+def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
+    """The prompt, and the prompt plus its output, must fit the advertised context window."""
+    if prompt_len > context_len - 1:
+        raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens (prompt + output)", prompt_len)
+    if prompt_len + max_tokens > context_len:
+        raise Rejected(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
+                       f"exceeds the context window of {context_len} tokens", prompt_len)
+
+
+def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int) -> None:
+    """A request that needs more KV than the whole pool can never run: refuse it now."""
+    if num_tokens > pool_tokens:
+        raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool holds at most "
+                       f"{pool_tokens} tokens", prompt_len)

@@ -1,0 +1,91 @@
+"""Attention over a KV cache: the interface every cache implements, and the dense reference.
+
+The model never owns its keys and values. Each attention layer hands the new tokens' K/V to a
+*backend* object chosen by the caller; the backend stores them wherever it keeps its cache (a
+contiguous tensor, a shared page pool, or nowhere at all for training) and then attends the
+queries over everything the sequence may see. Swapping the backend is how notebook 01's
+contiguous cache and notebook 02's paged pool plug into the very same model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class AttentionBackend(Protocol):
+    """Where one forward pass keeps and reads its keys and values."""
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Store this step's new `k`, `v` for `layer`, then attend `q` over the visible cache.
+
+        Args:
+            layer: index of the decoder layer calling.
+            q: (..., num_heads, head_dim) queries of the new tokens, RoPE already applied.
+            k, v: (..., num_kv_heads, head_dim) keys and values of the same tokens.
+        Returns:
+            (..., num_heads, head_dim) attention output for each new token.
+        """
+        ...
+
+
+def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
+    """Grouped-query attention: repeat each KV head for the query heads that share it.
+
+    x: (..., S, num_kv_heads, D) -> (..., S, num_heads, D)
+    """
+    num_kv_heads = x.shape[-2]
+    assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    return x.repeat_interleave(num_heads // num_kv_heads, dim=-2)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Plain SDPA over gathered keys: the one kernel every backend ends in.
+
+    q: (B, T, H, D); k, v: (B, S, KVH, D); mask: (B, T, S) bool, True where a query may look.
+    Returns (B, T, H, D).
+    """
+    num_heads = q.shape[-2]
+    k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)  # (B, S, H, D)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, H, T|S, D)
+        attn_mask=mask.unsqueeze(1),  # (B, 1, T, S)
+    )  # (B, H, T, D)
+    return out.transpose(1, 2)
+
+
+class DenseAttention:
+    """No cache at all: a (B, T) batch attends within itself under an explicit mask.
+
+    Used for training and as the slow reference. `zero_slots` (B, T) adds, for each query, that
+    many key/value slots holding exact zeros, the way never-written (boot-zeroed) pages look to
+    a request whose block table covers them: each contributes exp(q.0) = 1 to the softmax
+    denominator and nothing to the output, so they are one extra logit log(n) with value 0.
+    """
+
+    def __init__(self, mask: Tensor, zero_slots: Tensor | None = None) -> None:
+        assert mask.dim() == 3 and mask.dtype == torch.bool, mask.shape
+        self.mask = mask  # (B, T, T)
+        self.zero_slots = zero_slots  # (B, T) or None
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.zero_slots is None:
+            return masked_attention(q, k, v, self.mask)
+        num_heads, head_dim = q.shape[-2], q.shape[-1]
+        k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(head_dim)  # (B, H, T, S)
+        scores = scores.masked_fill(~self.mask.unsqueeze(1), float("-inf"))
+        sink = torch.log(self.zero_slots.to(scores.dtype))  # (B, T); log(0) = -inf: no sink
+        sink = sink[:, None, :, None].expand(-1, num_heads, -1, 1)  # (B, H, T, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("bhts,bshd->bthd", probs, v)
+
+
+def causal_mask(batch: int, seq_len: int, device: torch.device | str = "cpu") -> Tensor:
+    """(B, T, T) lower-triangular mask: token t sees tokens 0..t."""
+    tri = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    return tri.expand(batch, -1, -1)

@@ -1,0 +1,185 @@
+"""`python -m minikv <command>`: terminal demos and checks.
+
+    info        what a serving engineer reads in a startup log
+    generate    run prompts through the paged engine (greedy by default)
+    demo        replay the over-length or late-write incident under chosen safety switches
+    train       rebuild the shipped tiny model in data/tiny-llama
+    bench       minikv against transformers on the same workload
+    scan-logs   the customer checklist over a gateway log
+    make-logs   write a synthetic gateway log
+
+Bad input ends with a one-line message naming the problem (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+class CliError(Exception):
+    """A problem with the command line or its inputs; printed as one line, exit status 2."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
+    return value
+
+
+def load(model_dir: str | None, device: str | None):
+    from minikv.checkpoint import CheckpointError, load_model
+
+    try:
+        return load_model(model_dir, device=device)
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from minikv.config import EngineConfig
+    from minikv.engine import Engine
+
+    model, tok = load(args.model, args.device)
+    mc = model.config
+    engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
+    print(f"model: {args.model or 'data/tiny-llama (shipped)'}")
+    print(f"device: {model.device} ({model.dtype})")
+    print(f"parameters: {model.num_parameters():,}")
+    print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, vocab: {mc.vocab_size}")
+    print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x {mc.num_kv_heads} kv heads x {mc.head_dim} dims x 4 bytes")
+    print(f"max_position_embeddings: {mc.max_position_embeddings}")
+    print(engine.startup_log())
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from minikv.config import EngineConfig
+    from minikv.engine import Engine
+
+    model, tok = load(args.model, args.device)
+    engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
+    prompts = [p.replace("\\n", "\n") for p in args.prompt]
+    responses = engine.generate(prompts, max_tokens=args.max_tokens)
+    if args.json:
+        print(json.dumps([r.to_json() for r in responses], indent=2))
+    else:
+        for prompt, r in zip(prompts, responses):
+            head = f"[{r.status}] {prompt.rstrip()!r}"
+            print(f"{head} -> {r.text!r}" if r.status == 200 else f"{head}: {r.error}")
+    return 0 if all(r.status == 200 for r in responses) else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from minikv.disagg.scenarios import run_scenario
+    from minikv.disagg.switches import SafetySwitches
+
+    try:
+        switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    model, tok = load(args.model, args.device)
+    try:
+        result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    on = [n for n, v in switches.as_dict().items() if v]
+    print(f"scenario {args.scenario}, switches on: {', '.join(on) or 'none (vulnerable)'}")
+    if result.refused:
+        print(f"the cluster refused to start: {result.refused}")
+        return 0
+    for role, r in (("victim", result.victim), ("attacker", result.attacker)):
+        ttft = f"{r.ttft_s * 1e3:.1f} ms" if r.ttft_s is not None else "-"
+        body = repr(r.text) if r.status == 200 else r.error
+        print(f"{role:8s} {r.tenant:6s} HTTP {r.status}  prompt_tokens={r.usage.prompt_tokens:<4d} ttft={ttft:>9s}  {body}")
+    print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from minikv.train import TrainConfig, train
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    cfg = TrainConfig(seed=args.seed)
+    if args.quick:
+        cfg = TrainConfig(seed=args.seed, induction_steps=10, copy_steps=10, leak_steps=10)
+    train(cfg, Path(args.out))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minikv", description="a small paged-KV inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def engine_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+        p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+        p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
+        p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
+        p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
+
+    p = sub.add_parser("info", help="model, device, parameters, KV bytes per token, pool and context")
+    engine_args(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("generate", help="generate from prompts on the paged engine")
+    p.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch ('\\n' ends a line)")
+    p.add_argument("--max-tokens", type=positive_int, default=64)
+    p.add_argument("--json", action="store_true", help="print a JSON list of responses")
+    engine_args(p)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("demo", help="replay an incident on a disaggregated prefill/decode pair")
+    p.add_argument("--scenario", required=True, choices=["over-length", "late-write"])
+    p.add_argument("--preset", default="safe", choices=["vulnerable", "safe"])
+    p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
+    p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
+    p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train the shipped tiny model")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "tiny-llama"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a few steps only, to check the pipeline")
+    p.set_defaults(func=cmd_train)
+
+    try:
+        from minikv import logscan
+
+        p = sub.add_parser("scan-logs", help="the customer checklist over a gateway log")
+        logscan.add_scan_logs_arguments(p)
+        p.set_defaults(func=logscan.run_scan_logs)
+        p = sub.add_parser("make-logs", help="write a synthetic gateway log")
+        logscan.add_make_logs_arguments(p)
+        p.set_defaults(func=logscan.run_make_logs)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # invalid configuration: the message names the numbers
+        print(f"error: {e}", file=sys.stderr)
+        return 2

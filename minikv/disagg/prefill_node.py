@@ -1,0 +1,147 @@
+"""The prefill node: computes a prompt's KV and first token, and ships them to decode.
+
+Queues, as in SGLang's prefill side:
+    bootstrap  the request arrives, is checked against the pool, gets a KVSender, and waits
+               until the decode side has advertised its pages; then the transfer is sized
+               from the request's *own* input length.
+    waiting    the prefill forward runs (continuous batching over this node's pool).
+    inflight   the KV is on the wire; polled until Success, then the pages are freed.
+
+The intake check (`check_intake`) is faithful to the real engine: an input longer than
+`min(context_len - 1, pool_tokens - 1)` is marked for abort with status 400 in `to_finish`,
+and its input ids are replaced by `[0]` to skip the long prefill, **but it still joins the
+queue**. Whether it then stops depends on the gates: with `reject_check` off they ask only
+`finished()`, which does not read `to_finish`, so the one-token placeholder is prefilled and
+its single page of KV is transferred as if it were the whole prompt.
+"""
+
+from __future__ import annotations
+
+from minikv.audit import OwnershipAudit
+from minikv.disagg.checksum import kv_checksum
+from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.transfer import KVManager, KVPoll, KVSender
+from minikv.events import Event, EventLog
+from minikv.model import Llama
+from minikv.model_runner import ModelRunner
+from minikv.page_pool import PagePool
+from minikv.request import Sequence, SeqStatus
+
+PLACEHOLDER_IDS = [0]  # "to skip the long prefill": token 0, which here is "\n"
+
+
+class PrefillNode:
+    """One prefill worker with its own pool."""
+
+    def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog,
+                 manager: KVManager, switches: SafetySwitches, context_len: int, max_prefill_tokens: int) -> None:
+        self.pool, self.audit, self.log, self.manager, self.switches = pool, audit, log, manager, switches
+        self.context_len, self.max_prefill_tokens = context_len, max_prefill_tokens
+        self.runner = ModelRunner(model, pool, audit, log, "prefill")
+        self.bootstrap_queue: list[Sequence] = []
+        self.waiting_queue: list[Sequence] = []
+        self.inflight_queue: list[Sequence] = []
+        self.senders: dict[int, KVSender] = {}
+
+    @property
+    def max_input_len(self) -> int:
+        return min(self.context_len - 1, self.pool.capacity_tokens - 1)
+
+    def _event(self, step: int, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
+        self.log.add(Event(step, "prefill", kind, seq.request_id, seq.tenant, tuple(pages), detail))
+
+    def _stage(self, step: int, seq: Sequence, stage: str) -> None:
+        self._event(step, "stage", seq, (), f"prefill.{stage}")
+
+    # -- intake ------------------------------------------------------------------------------
+    def check_intake(self, seq: Sequence) -> None:
+        """Validate the input length; on failure mark for abort and swap in the placeholder."""
+        if len(seq.prompt_ids) > self.max_input_len:
+            seq.to_finish = (f"input of {len(seq.prompt_ids)} tokens exceeds the maximum of {self.max_input_len} "
+                             f"(min(context_len - 1, prefill pool tokens - 1) = min({self.context_len - 1}, "
+                             f"{self.pool.capacity_tokens - 1}))")
+            seq.prompt_ids = list(PLACEHOLDER_IDS)
+
+    def add(self, seq: Sequence, step: int) -> None:
+        self.check_intake(seq)
+        if seq.to_finish:
+            self._event(step, "reject", seq, (), f"marked for abort (400): {seq.to_finish}; input swapped for a 1-token placeholder")
+        self.senders[seq.room] = KVSender(self.manager, seq.room)
+        self.bootstrap_queue.append(seq)
+        self._stage(step, seq, "bootstrap")
+
+    def gate(self, seq: Sequence, step: int) -> bool:
+        """May `seq` go on? Retires it if not. The vulnerable gate asks only finished()."""
+        rejected = self.switches.reject_check and seq.to_finish is not None
+        if seq.finished() or rejected:
+            if rejected:
+                self.senders[seq.room].abort(seq.to_finish, status=400)
+                seq.finish_reason = "abort"
+                self._event(step, "finish", seq, (), f"retired at the queue gate: {seq.to_finish}")
+            self._release(seq, step)
+            return False
+        return True
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self, step: int) -> None:
+        self._bootstrap(step)
+        self._prefill(step)
+        self._poll_inflight(step)
+
+    def _bootstrap(self, step: int) -> None:
+        for seq in list(self.bootstrap_queue):
+            if not self.gate(seq, step):
+                self.bootstrap_queue.remove(seq)
+                continue
+            sender = self.senders[seq.room]
+            if sender.poll() is KVPoll.Failed:
+                self.bootstrap_queue.remove(seq)
+                self._release(seq, step)
+                continue
+            if sender.poll() is KVPoll.WaitingForInput:  # decode has preallocated and advertised
+                sender.init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
+                self.bootstrap_queue.remove(seq)
+                self.waiting_queue.append(seq)
+                self._stage(step, seq, "waiting")
+
+    def _prefill(self, step: int) -> None:
+        batch, budget = [], self.max_prefill_tokens
+        for seq in list(self.waiting_queue):
+            if not self.gate(seq, step):
+                self.waiting_queue.remove(seq)
+                continue
+            need = self.pool.pages_for(len(seq.prompt_ids))
+            if (batch and len(seq.prompt_ids) > budget) or not self.pool.can_allocate(need):
+                break  # capacity is checked on the (possibly swapped) input: the stub always fits
+            seq.block_table = self.pool.allocate(need, seq.request_id)
+            seq.status = SeqStatus.RUNNING
+            self._event(step, "allocate", seq, seq.block_table, f"{need} page(s) for {len(seq.prompt_ids)} token(s)")
+            self.waiting_queue.remove(seq)
+            batch.append(seq)
+            budget -= len(seq.prompt_ids)
+        if not batch:
+            return
+        firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids for s in batch])
+        for seq, first in zip(batch, firsts):
+            checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
+            self.senders[seq.room].send(seq.block_table, len(seq.prompt_ids), first, checksum)
+            self.inflight_queue.append(seq)
+            self._stage(step, seq, "inflight")
+
+    def _poll_inflight(self, step: int) -> None:
+        for seq in list(self.inflight_queue):
+            state = self.senders[seq.room].poll()
+            if state in (KVPoll.Success, KVPoll.Failed):
+                self.inflight_queue.remove(seq)
+                seq.finish_reason = seq.finish_reason or ("transferred" if state is KVPoll.Success else "abort")
+                self._release(seq, step)
+
+    def _release(self, seq: Sequence, step: int) -> None:
+        if seq.block_table:
+            self._event(step, "free", seq, seq.block_table, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")
+            self.pool.free(seq.block_table, seq.request_id)
+            seq.block_table = []
+        seq.status = SeqStatus.FINISHED
+
+    def live(self) -> int:
+        return len(self.bootstrap_queue) + len(self.waiting_queue) + len(self.inflight_queue)

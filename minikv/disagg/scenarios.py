@@ -1,0 +1,113 @@
+"""The two incidents, scaled by 1/1024, played through the ordinary serving paths.
+
+over-length  Alice saves a secret; her request finishes on the decode node and its pages go
+             back to the free list, unscrubbed. Bob then sends a prompt longer than the
+             prefill pool (672 tokens) but inside the advertised window (1,024 tokens).
+late-write   Carol sends a long prompt; its KV transfer is one big batch that outlasts the
+             decode node's timeout, so decode aborts her and frees her pages while the batch
+             is still on the wire. Dave's request gets those pages; Carol's batch lands in them.
+
+Nothing here touches the engine's internals: the scenarios only submit requests and step the
+clock. Which stale pages Bob or Dave receive is decided by the ordinary free list (most
+recently freed first), and what they read is decided by the ordinary queues and switches.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
+from minikv.disagg.switches import SafetySwitches
+from minikv.model import Llama
+from minikv.request import Request
+from minikv.response import Response
+from minikv.workload import Note, check_secret, document_sentence, long_document_prompt, make_prompt, note_prompt
+
+SCENARIOS = ("over-length", "late-write")
+DEFAULT_SECRETS = {"over-length": "4111 2222 3333 4444", "late-write": "sk-live-7Hq2Zp9Xw4"}
+BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
+MAX_TOKENS = 48
+
+
+@dataclass
+class ScenarioResult:
+    """What the demo reports: both responses, the audit, and the cluster to look inside."""
+
+    scenario: str
+    switches: SafetySwitches
+    victim: Response | None
+    attacker: Response | None
+    refused: str | None = None  # startup_check's message when the cluster would not start
+    cluster: Cluster | None = field(default=None, repr=False)
+
+    @property
+    def cross_tenant_reads(self) -> int:
+        return self.cluster.cross_tenant_reads if self.cluster else 0
+
+    def audit_pages(self) -> list[int]:
+        """Decode-pool pages the attacker read that another tenant wrote."""
+        if self.cluster is None or self.cluster.decode_audit is None:
+            return []
+        pages = {p for e in self.cluster.decode_audit.events
+                 if e.victim_tenant not in (None, e.reader_tenant) for p in e.pages}
+        return sorted(pages)
+
+    def leaked(self, secret: str) -> bool:
+        return bool(self.attacker and secret in self.attacker.text)
+
+    def to_json(self) -> dict:
+        out = {
+            "scenario": self.scenario,
+            "switches": self.switches.as_dict(),
+            "victim": self.victim.to_json() if self.victim else None,
+            "attacker": self.attacker.to_json() if self.attacker else None,
+            "audit": {"cross_tenant_reads": self.cross_tenant_reads, "pages": self.audit_pages()},
+        }
+        if self.refused:
+            out["refused"] = self.refused
+        return out
+
+
+def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches,
+                 secret: str | None = None, seed: int = 0, config: ClusterConfig = ClusterConfig()) -> ScenarioResult:
+    """Play scenario `name` under `switches`."""
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}: choose from {', '.join(SCENARIOS)}")
+    secret = check_secret(secret if secret is not None else DEFAULT_SECRETS[name])
+    try:
+        cluster = Cluster(model, tokenizer, config, switches)
+    except StartupRefused as e:
+        return ScenarioResult(name, switches, None, None, refused=str(e))
+    play = over_length if name == "over-length" else late_write
+    return play(cluster, switches, secret, random.Random(seed))
+
+
+def over_length(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
+    alice = cluster.submit(Request(note_prompt("alice", Note("card", secret)), "alice", MAX_TOKENS, request_id="alice-1"))
+    cluster.run()
+    bob = cluster.submit(Request(long_document_prompt("bob", BOB_PROMPT_CHARS, rng), "bob", MAX_TOKENS, request_id="bob-1"))
+    cluster.run()
+    return ScenarioResult("over-length", switches, cluster.responses[alice], cluster.responses[bob], cluster=cluster)
+
+
+CAROL_PROMPT_CHARS = 600  # 38 pages: one uncapped batch takes 39 ticks, past the 16-tick timeout
+DAVE_ARRIVAL_AFTER_ABORT = 12  # ticks: Dave's own KV lands one tick before Carol's late batch
+
+
+def late_write(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
+    head = f"carol: save key {secret}. "
+    body = document_sentence(rng, CAROL_PROMPT_CHARS)[: CAROL_PROMPT_CHARS - len(head) - 2].rstrip() + "."
+    carol = cluster.submit(Request(head + body + "\n", "carol", 32, request_id="carol-1"))
+    for _ in range(200):  # until Carol's transfer has been given up on, or she is served
+        cluster.step()
+        if carol in cluster.responses:
+            break
+    for _ in range(DAVE_ARRIVAL_AFTER_ABORT):
+        cluster.step()
+    dave_prompt = make_prompt("dave", [document_sentence(rng, 40), "save pin 4821."])
+    dave = cluster.submit(Request(dave_prompt, "dave", MAX_TOKENS, request_id="dave-1"))
+    cluster.run()
+    return ScenarioResult("late-write", switches, cluster.responses[carol], cluster.responses[dave], cluster=cluster)

@@ -1,0 +1,54 @@
+"""The event log: every allocation, write, read, free and state change, in order.
+
+Notebooks and widgets replay it to show what the engine did step by step; tests assert on it.
+
+Event kinds and what their fields mean:
+- submit / reject: a request arrived / was answered 400 at the door (detail: the reason);
+- allocate: `pages` were taken off the free list for the request (it now owns them);
+- write: the request's K/V were written into `pages` (by a forward, or by a KV transfer);
+- read: the request attended over `pages` (its block table, in order);
+- cross_read: the audit saw the request read slots written by someone else; detail names the
+  victim as "victim=<tenant>/<request id>" (or "victim=never-written");
+- free: `pages` went back to the free list, data intact; preempt: the same, to recompute later;
+- finish / cancel: the request left (detail: why);
+- stage: the request moved to a queue stage (detail: the stage name, e.g. "prefill.bootstrap").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened on one node at one engine step."""
+
+    step: int
+    node: str
+    kind: str  # submit, reject, admit, allocate, write, read, free, finish, preempt, cancel, ...
+    request_id: str
+    tenant: str
+    pages: tuple[int, ...] = ()
+    detail: str = ""
+
+    def __str__(self) -> str:
+        pages = f" pages={list(self.pages)}" if self.pages else ""
+        return f"[{self.node} step {self.step}] {self.kind} {self.tenant}/{self.request_id}{pages} {self.detail}".rstrip()
+
+
+@dataclass
+class EventLog:
+    """An append-only list of events; `enabled=False` keeps benchmarks free of the cost."""
+
+    enabled: bool = True
+    events: list[Event] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        if self.enabled:
+            self.events.append(event)
+
+    def of_kind(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    def for_request(self, request_id: str) -> list[Event]:
+        return [e for e in self.events if e.request_id == request_id]

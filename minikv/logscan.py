@@ -1,0 +1,298 @@
+"""Scan a gateway log for the calls the disclosure names, and for two warning signs in every call.
+
+The checklist (INCIDENT.md, steps 1 and 2) *defines* affected: calls to one model, on a UTC day
+inside the window (both ends included), whose `prompt_tokens` are strictly above the prefill
+pool's 681,280. Two signals look at every row, affected or not: a first token too soon for the
+prompt's size (the leak's only outward tell) and text in the reply shaped like someone's secret.
+A signal is a lead for a person to follow; the checklist is the answer. The scan reads one line
+at a time, so memory stays flat however long the log is (only findings are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from minikv.gateway_log import (  # the make-logs hooks are re-exported: cli.py wires both commands from here
+    INCIDENT_FIRST_DAY,
+    INCIDENT_LAST_DAY,
+    INCIDENT_MODEL,
+    PREFILL_POOL_TOKENS,
+    GatewayRecord,
+    LogReadError,
+    MalformedLine,
+    add_make_logs_arguments,
+    iter_log,
+    run_make_logs,
+)
+
+# Generous on purpose: healthy servers in the shipped log read 9,000-45,000 prompt tokens/s.
+# Set it from your own traffic; a prefix-cache hit can legitimately beat it.
+DEFAULT_MAX_PREFILL_TOKENS_PER_S = 100_000.0
+CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")  # then a Luhn check
+API_KEY = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{36}|xox[abpr]-[A-Za-z0-9-]{10,})"
+    r"|(?i:\b(?:api[_-]?key|secret[_-]?key|access[_-]?token)\b\s*[:=]\s*\S{8,})"
+)
+EMAIL_ADDRESS = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+MAX_MALFORMED_SHOWN = 20  # in the text report; --json lists them all
+
+
+@dataclass(frozen=True)
+class Checklist:
+    """The disclosure's test for 'possibly affected': model, UTC days (inclusive), prompt size."""
+
+    model: str = INCIDENT_MODEL
+    first_day: date = INCIDENT_FIRST_DAY
+    last_day: date = INCIDENT_LAST_DAY
+    min_prompt_tokens: int = PREFILL_POOL_TOKENS  # affected means strictly above this
+
+    def __post_init__(self) -> None:
+        if self.first_day > self.last_day:
+            raise ValueError(f"the window starts on {self.first_day} after it ends on {self.last_day}")
+        if self.min_prompt_tokens < 0:
+            raise ValueError(f"the prompt-token threshold must be 0 or more, got {self.min_prompt_tokens}")
+
+    def matches(self, record: GatewayRecord) -> bool:
+        """Is this call in the checklist's set? (its timestamp is already in UTC)"""
+        return (
+            record.model == self.model
+            and self.first_day <= record.timestamp.date() <= self.last_day
+            and record.prompt_tokens > self.min_prompt_tokens
+        )
+
+
+@dataclass(frozen=True)
+class Signals:
+    """The two warning signs checked on every row, with the settings a user can change."""
+
+    max_prefill_tokens_per_s: float = DEFAULT_MAX_PREFILL_TOKENS_PER_S
+    patterns: tuple[str, ...] = ()  # extra regular expressions that mark data as not yours
+    compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.max_prefill_tokens_per_s > 0:
+            raise ValueError(f"the prefill-rate ceiling must be above 0, got {self.max_prefill_tokens_per_s}")
+        compiled = []
+        for pattern in self.patterns:
+            try:
+                compiled.append(re.compile(pattern))
+            except re.error as e:
+                raise ValueError(f"pattern {pattern!r} is not a regular expression: {e}") from None
+        object.__setattr__(self, "compiled", tuple(compiled))
+
+
+def implied_prefill_rate(record: GatewayRecord) -> float | None:
+    """Prompt tokens per second of time to first token; None when no token came back."""
+    if record.status >= 400 or record.completion_tokens == 0:
+        return None
+    if record.ttft_ms == 0:
+        return math.inf if record.prompt_tokens else 0.0
+    return record.prompt_tokens / (record.ttft_ms / 1000)
+
+
+def luhn_ok(digits: str) -> bool:
+    """The check digit every payment card number carries (digits only, 13-19 of them)."""
+    if not 13 <= len(digits) <= 19:
+        return False
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
+
+
+def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]:
+    """Reasons to think `text` carries someone's secret: card numbers, API keys, e-mail, extras."""
+    reasons = []
+    if any(luhn_ok(re.sub(r"\D", "", m.group())) for m in CARD_NUMBER.finditer(text)):
+        reasons.append("card_number")
+    if API_KEY.search(text):
+        reasons.append("api_key")
+    if EMAIL_ADDRESS.search(text):
+        reasons.append("email_address")
+    reasons += [f"pattern:{p.pattern}" for p in extra if p.search(text)]
+    return reasons
+
+
+def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
+    """Every warning sign this row shows, in a fixed order; empty when it shows none."""
+    reasons = []
+    rate = implied_prefill_rate(record)
+    if rate is not None and rate > signals.max_prefill_tokens_per_s:
+        reasons.append("ttft_anomaly")
+    if record.response_text:
+        reasons += secret_shapes(record.response_text, signals.compiled)
+    return reasons
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A row that showed at least one warning sign."""
+
+    record: GatewayRecord
+    reasons: list[str]
+
+
+@dataclass
+class ScanResult:
+    """What a scan found. Only findings are kept, never the whole log."""
+
+    scanned: int = 0  # non-blank lines read, well-formed or not
+    malformed: list[MalformedLine] = field(default_factory=list)
+    affected: list[GatewayRecord] = field(default_factory=list)  # the checklist's set, in file order
+    flags: list[Flag] = field(default_factory=list)
+    zoneless: int = 0  # timestamps with no zone, read as UTC
+    first_zoneless_line: int | None = None
+
+    @property
+    def affected_ids(self) -> list[str]:
+        return [r.request_id for r in self.affected]
+
+    def to_json(self) -> dict:
+        """The `--json` shape: scanned, malformed, affected (request ids), flags."""
+        return {
+            "scanned": self.scanned,
+            "malformed": [{"line": m.line, "error": m.error} for m in self.malformed],
+            "affected": self.affected_ids,
+            "flags": [{"request_id": f.record.request_id, "reasons": f.reasons} for f in self.flags],
+        }
+
+    def zone_note(self) -> str | None:
+        if not self.zoneless:
+            return None
+        had = "1 timestamp had" if self.zoneless == 1 else f"{self.zoneless:,} timestamps had"
+        return f"note: {had} no time zone; read as UTC (first at line {self.first_zoneless_line})"
+
+
+def scan_records(
+    items: Iterable[GatewayRecord | MalformedLine],
+    checklist: Checklist = Checklist(),
+    signals: Signals = Signals(),
+) -> ScanResult:
+    """Apply the checklist and the signals to a stream of parsed lines."""
+    result = ScanResult()
+    for item in items:
+        result.scanned += 1
+        if isinstance(item, MalformedLine):
+            result.malformed.append(item)
+            continue
+        if item.zone_assumed:
+            result.zoneless += 1
+            result.first_zoneless_line = result.first_zoneless_line or item.line
+        if checklist.matches(item):
+            result.affected.append(item)
+        reasons = flag_reasons(item, signals)
+        if reasons:
+            result.flags.append(Flag(item, reasons))
+    return result
+
+
+def scan_log(path: str | Path, checklist: Checklist = Checklist(), signals: Signals = Signals()) -> ScanResult:
+    """Scan a log file (plain or gzip) line by line; raises LogReadError if the file can't be read."""
+    return scan_records(iter_log(path), checklist, signals)
+
+
+def format_report(result: ScanResult, checklist: Checklist, signals: Signals, source: str) -> str:
+    """The plain-text report `scan-logs` prints."""
+    ok = result.scanned - len(result.malformed)
+    lines = [
+        f"Scanned {result.scanned:,} lines of {source}: {ok:,} records, {len(result.malformed):,} malformed.",
+        f"Checklist: model {checklist.model}, UTC days {checklist.first_day} to {checklist.last_day}"
+        f" (both included), prompt_tokens above {checklist.min_prompt_tokens:,}.",
+        f"Affected (the checklist's set): {len(result.affected):,} calls",
+    ]
+    for r in result.affected:
+        lines.append(
+            f"  line {r.line}  {r.timestamp:%Y-%m-%dT%H:%M:%SZ}  {r.request_id}  {r.account}"
+            f"  prompt_tokens={r.prompt_tokens:,}  ttft_ms={r.ttft_ms:,.1f}  status={r.status}"
+        )
+    lines.append(
+        f"Flagged by the signals: {len(result.flags):,} rows"
+        f" (prefill ceiling {signals.max_prefill_tokens_per_s:,.0f} tokens/s; secret-shaped text)"
+    )
+    lines += [f"  line {f.record.line}  {f.record.request_id}  {', '.join(f.reasons)}" for f in result.flags]
+    if result.malformed:
+        lines.append("Malformed lines (skipped):")
+        lines += [f"  line {m.line}: {m.error}" for m in result.malformed[:MAX_MALFORMED_SHOWN]]
+        if len(result.malformed) > MAX_MALFORMED_SHOWN:
+            lines.append(f"  ... and {len(result.malformed) - MAX_MALFORMED_SHOWN:,} more (--json lists all)")
+    if result.zone_note():
+        lines.append(result.zone_note())
+    return "\n".join(lines)
+
+
+def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
+    """`scan-logs FILE [--model M] [--since DATE] [--until DATE] [--min-prompt-tokens N] ...`.
+
+    Values stay strings here; `run_scan_logs` checks them and answers in one line.
+    """
+    parser.add_argument("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip")
+    parser.add_argument("--model", default=INCIDENT_MODEL, help="model id (default %(default)s)")
+    parser.add_argument("--since", default=str(INCIDENT_FIRST_DAY), metavar="DATE", help="first UTC day, YYYY-MM-DD (default %(default)s)")
+    parser.add_argument("--until", default=str(INCIDENT_LAST_DAY), metavar="DATE", help="last UTC day, included (default %(default)s)")
+    parser.add_argument("--min-prompt-tokens", default=str(PREFILL_POOL_TOKENS), metavar="N", help="affected means prompt_tokens strictly above N (default %(default)s)")
+    parser.add_argument("--max-prefill-rate", default=str(int(DEFAULT_MAX_PREFILL_TOKENS_PER_S)), metavar="TOKENS_PER_S", help="flag replies faster than this prompt tokens per second of TTFT (default %(default)s)")
+    parser.add_argument("--pattern", action="append", default=[], metavar="REGEX", help="also flag replies matching REGEX (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+
+
+def _day(option: str, text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is not a date: want YYYY-MM-DD, e.g. 2026-08-27") from None
+
+
+def _number(option: str, text: str, kind: type) -> float:
+    try:
+        return kind(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is not {'a whole' if kind is int else 'a'} number") from None
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[Checklist, Signals]:
+    """The checklist and signals the command line asks for; ValueError with a message if bad."""
+    checklist = Checklist(
+        model=args.model,
+        first_day=_day("--since", args.since),
+        last_day=_day("--until", args.until),
+        min_prompt_tokens=int(_number("--min-prompt-tokens", args.min_prompt_tokens, int)),
+    )
+    signals = Signals(_number("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
+    return checklist, signals
+
+
+def _print(text: str, stream=None) -> None:
+    """Print, and go quiet if the reader left (`scan-logs ... | head`)."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream)
+        stream.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def run_scan_logs(args: argparse.Namespace) -> int:
+    """Scan and print. Exit status: 0 nothing found, 1 findings to review, 2 could not scan."""
+    try:
+        checklist, signals = options_from_args(args)
+        result = scan_log(args.file, checklist, signals)
+    except (ValueError, LogReadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print(json.dumps(result.to_json(), indent=2))
+        if result.zone_note():
+            _print(result.zone_note(), sys.stderr)
+    else:
+        _print(format_report(result, checklist, signals, str(args.file)))
+    return 1 if result.affected or result.flags or result.malformed else 0

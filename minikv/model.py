@@ -1,0 +1,224 @@
+"""A Llama-family decoder whose attention reads and writes a cache the caller passes in.
+
+RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU MLP, with
+parameter names that match `transformers`' `LlamaForCausalLM`, so any local Llama checkpoint
+loads straight into it (see checkpoint.py) and its logits can be compared with the original.
+
+Two things differ from the usual one-file GPT, both on purpose:
+- positions are an explicit input, one per token, because in a paged engine a token's
+  position is a property of its request, not of where it sits in the batch;
+- keys and values go to an `AttentionBackend` (attention.py), so the same forward runs over a
+  contiguous cache, a shared page pool, or no cache at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minikv.attention import AttentionBackend
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The numbers that shape a Llama; read from a transformers `LlamaConfig`."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies across all layers, in float32."""
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+
+    @classmethod
+    def from_hf(cls, hf_config) -> "ModelConfig":
+        """Read a transformers LlamaConfig; refuse what this model does not implement."""
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default')")
+        if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+            raise ValueError("attention or MLP biases are not supported")
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only 'silu')")
+        num_heads = hf_config.num_attention_heads
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        return cls(
+            vocab_size=hf_config.vocab_size,
+            hidden_size=hf_config.hidden_size,
+            intermediate_size=hf_config.intermediate_size,
+            num_layers=hf_config.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=hf_config.num_key_value_heads or num_heads,
+            head_dim=head_dim,
+            max_position_embeddings=hf_config.max_position_embeddings,
+            rms_norm_eps=hf_config.rms_norm_eps,
+            rope_theta=float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
+            tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+        )
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as Llama does."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class Rotary(nn.Module):
+    """RoPE: rotate each query/key pair of dimensions by an angle proportional to position."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
+
+    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (..., D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (..., D)
+        cos = emb.cos().to(q.dtype).unsqueeze(-2)  # (..., 1, D): broadcast over heads
+        sin = emb.sin().to(q.dtype).unsqueeze(-2)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention; the cache lives in the backend, not here."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        h, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, kv: AttentionBackend) -> Tensor:
+        lead = x.shape[:-1]  # (N,) for a flat batch of tokens, (B, T) for dense
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)  # (..., H, D)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., KVH, D)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., KVH, D)
+        q, k = rotary(q, k, positions)  # keys are cached *after* RoPE, at their own position
+        out = kv.attend(self.layer, q, k, v)  # (..., H, D)
+        return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h, i = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, kv: AttentionBackend) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """The whole decoder. Parameter names follow transformers' LlamaForCausalLM minus 'model.'."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        kv: AttentionBackend,
+        logits_index: Tensor | None = None,
+    ) -> Tensor:
+        """Run the new tokens through every layer; the backend keeps their K/V.
+
+        Args:
+            input_ids: (N,) a flat batch of new tokens, or (B, T) for dense attention.
+            positions: same shape as input_ids: each token's position in its own request.
+            kv: where K/V are written and read (attention.py).
+            logits_index: optional (M,) indices of the tokens whose logits are needed (the
+                last token of each request), to skip the vocabulary projection for the rest.
+        Returns:
+            logits (..., vocab_size) in float32.
+        """
+        if positions.shape != input_ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")
+        x = self.embed_tokens(input_ids)  # (..., hidden)
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, kv)
+        x = self.norm(x)
+        if logits_index is not None:
+            x = x[logits_index]  # (M, hidden)
+        return self.lm_head(x).float()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied embedding counts once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())

@@ -1,0 +1,58 @@
+"""The shipped model's character-level tokenizer, and the checks every prompt goes through.
+
+One token per character, so a leaked secret reads back exactly and a learner can count tokens
+by counting letters. Id 0 is the newline, which ends every prompt: when the real engine swaps
+a rejected prompt for the placeholder `[0]`, the placeholder here is a lone "end of prompt",
+and the model answers it as it answers any prompt.
+
+The tokenizer is a plain `tokenizers` WordLevel model wrapped in `PreTrainedTokenizerFast`, so
+`AutoTokenizer.from_pretrained("data/tiny-llama")` loads it without minikv installed.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+EOS_TOKEN = "</s>"
+PAD_TOKEN = "<pad>"
+UNK_TOKEN = "<unk>"
+# "\n" first (id 0), then space and the printable ASCII characters, in code-point order.
+CHARACTERS: list[str] = ["\n", " "] + [chr(c) for c in range(33, 127)]
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A tokenizer with one id per character in CHARACTERS, then </s>, <pad>, <unk>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(CHARACTERS)}
+    for special in (EOS_TOKEN, PAD_TOKEN, UNK_TOKEN):
+        vocab[special] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+class PromptError(ValueError):
+    """A prompt the engine must refuse with HTTP 400; the message says why."""
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of `text`, refusing an empty prompt or one with characters the model lacks."""
+    if not isinstance(text, str) or text == "":
+        raise PromptError("empty prompt: send at least one character")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    unk = tokenizer.unk_token_id
+    if unk is not None and unk in ids:
+        bad = sorted({ch for ch in text if tokenizer.encode(ch, add_special_tokens=False) == [unk]})
+        shown = ", ".join(repr(ch) for ch in bad[:5])
+        raise PromptError(f"prompt has {len(bad)} character(s) outside the model's vocabulary: {shown}")
+    return ids
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """Text of generated ids, without </s> or padding."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -1,0 +1,49 @@
+"""Colours for the pictures: one per tenant, safe for colour-blind readers, plus the marks.
+
+Tenant colours come from the Okabe-Ito palette (distinguishable under the common forms of
+colour blindness), without its vermillion, which is kept for the one thing that must stand out:
+a cross-tenant read. Past six tenants the palette continues with Paul Tol's "muted" colours.
+A freed page that still holds data is drawn in its last writer's colour, faded toward white.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from matplotlib.colors import to_hex, to_rgb
+
+TENANT_COLOURS = (
+    "#e69f00",  # orange
+    "#56b4e9",  # sky blue
+    "#009e73",  # bluish green
+    "#0072b2",  # blue
+    "#cc79a7",  # reddish purple
+    "#f0e442",  # yellow
+    "#332288",  # indigo (Tol muted from here on)
+    "#117733",  # green
+    "#88ccee",  # cyan
+    "#999933",  # olive
+    "#aa4499",  # purple
+    "#882255",  # wine
+    "#ddcc77",  # sand
+    "#44aa99",  # teal
+)
+CROSS_READ = "#d55e00"  # vermillion: a request read someone else's data
+NEVER_WRITTEN = "#ffffff"  # a page nobody has written since boot
+GRID_LINE = "#b0b0b0"  # cell borders
+INK = "#000000"  # block-table outline, order numbers, "written this step" marks
+STALE_STRENGTH = 0.35  # how much of the writer's colour a stale page keeps (1 = full colour)
+
+
+def tenant_colours(tenants: Iterable[str]) -> dict[str, str]:
+    """A colour per tenant, in order of first appearance (the same tenant keeps its colour)."""
+    colours: dict[str, str] = {}
+    for tenant in tenants:
+        if tenant not in colours:
+            colours[tenant] = TENANT_COLOURS[len(colours) % len(TENANT_COLOURS)]
+    return colours
+
+
+def faded(colour: str, strength: float = STALE_STRENGTH) -> str:
+    """`colour` mixed with white, as "#rrggbb": `strength` 1 keeps it, 0 gives white."""
+    return to_hex(tuple(1 - strength + strength * c for c in to_rgb(colour)))

@@ -1,0 +1,136 @@
+"""Two plots of requests over time: the stages each went through, and time to first token.
+
+`timeline` draws one row per request and one bar per queue stage it sat in, over engine steps
+(from `stage` events; for a single-node engine, waiting then running, from submit to finish).
+`ttft_plot` draws time to first token against prompt length: prefill work grows with the
+prompt, so a long prompt answered as fast as a short one (the leaked request: its prompt was
+never prefilled) sits far below the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from matplotlib import colormaps
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from minikv.events import Event, EventLog
+from minikv.response import Response
+from minikv.viz.palette import CROSS_READ, INK, TENANT_COLOURS
+from minikv.viz.picture import Picture
+from minikv.viz.queues import stage_order, stage_spans, transitions
+from minikv.viz.replay import as_events
+
+MIN_BAR = 0.25  # steps: a stage entered and left within one step still shows as a sliver
+STAGE_CMAPS = ("Blues", "Oranges", "Greens", "Purples")  # one sequential hue per node
+OUTCOME_MARKERS = {"finish": ("o", "finished"), "reject": ("X", "rejected (400)"), "cancel": ("s", "cancelled")}
+
+
+def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: str | None = None) -> Picture:
+    """Requests (rows, in order of arrival) through the queue stages, over engine steps.
+
+    `mark` names request ids whose row label is drawn in bold vermillion (e.g. the leaked one).
+    """
+    events = as_events(log)
+    spans, stages = stage_spans(events), stage_order(events)
+    leaving = [t for t in transitions(events) if t.stage is None]  # every finish, cancel and reject
+    marked = set(mark)
+    stage_colour = stage_colours(stages)
+    rows = list(dict.fromkeys([s.request_id for s in spans] + [t.request_id for t in leaving]))
+    tenant = {s.request_id: s.tenant for s in spans} | {t.request_id: t.tenant for t in leaving}
+    last_step = max((e.step for e in events), default=0) + 1
+    used = [k for k in OUTCOME_MARKERS if any(t.outcome == k for t in leaving)]
+    handles = [Patch(color=stage_colour[s], label=s) for s in stages]
+    handles += [Line2D([], [], marker=OUTCOME_MARKERS[k][0], color=INK, linestyle="none", label=OUTCOME_MARKERS[k][1])
+                for k in used]
+    plot_h = max(0.28 * max(len(rows), 1), 0.2 * len(handles))
+    top, bottom = 0.45, 0.55  # inches for the title, and for the step axis
+    fig = Figure(figsize=(8.0, top + plot_h + bottom))
+    height = fig.get_figheight()
+    ax = fig.add_axes((0.2, bottom / height, 0.6, plot_h / height))
+    for s in spans:
+        y = rows.index(s.request_id)
+        end = last_step if s.end is None else s.end
+        ax.barh(y, max(end - s.start, MIN_BAR), left=s.start, height=0.6, color=stage_colour[s.stage],
+                edgecolor="white", linewidth=0.5)
+    for t in leaving:
+        ax.plot(t.step, rows.index(t.request_id), marker=OUTCOME_MARKERS[t.outcome][0], color=INK,
+                markersize=6, linestyle="none")
+    ax.set_yticks(range(len(rows)), [f"{tenant[r]}/{r}" for r in rows], fontsize=8)
+    for label, request_id in zip(ax.get_yticklabels(), rows):
+        if request_id in marked:
+            label.set_color(CROSS_READ)
+            label.set_fontweight("bold")
+    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
+    ax.set_xlim(0, last_step)
+    ax.set_xlabel("engine step", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title or "Requests through the queues", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    summary = ", ".join(f"{sum(1 for t in leaving if t.outcome == k)} {OUTCOME_MARKERS[k][1]}" for k in used)
+    return Picture(fig, f"Timeline of {len(rows)} requests over {last_step} steps through {', '.join(stages) or 'no stages'}"
+                        + (f"; {summary}" if summary else ""))
+
+
+def stage_colours(stages: Sequence[str]) -> dict[str, str]:
+    """A colour per stage: one hue per node (blue, orange, ...), light to dark along the pipeline."""
+    groups = list(dict.fromkeys(s.partition(".")[0] for s in stages))
+    colours = {}
+    for g, prefix in enumerate(groups):
+        members = [s for s in stages if s.partition(".")[0] == prefix]
+        cmap = colormaps[STAGE_CMAPS[g % len(STAGE_CMAPS)]]
+        for i, stage in enumerate(members):
+            colours[stage] = to_hex(cmap(0.35 + 0.5 * (i + 1) / len(members)))
+    return colours
+
+
+def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
+    """Time to first token (ms) against prompt tokens, one dot per answered request.
+
+    Requests in `mark` (ids) are drawn as large vermillion stars with their label; a line fitted
+    through the other requests shows the time their prompt length would imply.
+    """
+    marked = set(mark)
+    timed = [r for r in responses if r.ttft_s is not None]
+    normal = [r for r in timed if r.request_id not in marked]
+    special = [r for r in timed if r.request_id in marked]
+    fig = Figure(figsize=(6.5, 4.0))
+    ax = fig.add_axes((0.12, 0.13, 0.84, 0.77))
+    ax.scatter([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal], s=22,
+               color=TENANT_COLOURS[1], edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
+    if len(normal) >= 2 and len({r.usage.prompt_tokens for r in normal}) >= 2:
+        slope, intercept = _fit([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal])
+        xs = [0, max(r.usage.prompt_tokens for r in timed)]
+        ax.plot(xs, [intercept + slope * x for x in xs], color=INK, linewidth=1, linestyle="--",
+                label="what the prompt length implies (fit)", zorder=2)
+    for r in special:
+        ax.scatter([r.usage.prompt_tokens], [r.ttft_s * 1e3], s=260, marker="*", color=CROSS_READ,
+                   edgecolor=INK, linewidth=0.8, zorder=4)
+        ax.annotate(f"{r.tenant}/{r.request_id}\n{r.usage.prompt_tokens} prompt tokens",
+                    (r.usage.prompt_tokens, r.ttft_s * 1e3), xytext=(-12, 14), textcoords="offset points",
+                    ha="right", fontsize=8, color=CROSS_READ, fontweight="bold")
+    if special:
+        ax.scatter([], [], s=120, marker="*", color=CROSS_READ, edgecolor=INK, label="marked")
+    ax.set_xlabel("prompt tokens (usage.prompt_tokens)")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title or "Time to first token against prompt length", fontsize=10)
+    untimed = len(responses) - len(timed)
+    text = f"TTFT against prompt length for {len(timed)} answered requests"
+    text += f" ({untimed} without a first token not drawn)" if untimed else ""
+    text += f"; marked: {', '.join(f'{r.tenant}/{r.request_id}' for r in special)}" if special else ""
+    return Picture(fig, text)
+
+
+def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares line y = intercept + slope * x."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx

@@ -1,0 +1,144 @@
+"""Synthetic multi-tenant traffic: the words every request, demo and training sample is made of.
+
+The shipped model plays a note-keeping assistant. A prompt is one line, `"<tenant>: ...\\n"`,
+made of sentences: a *note* (`save card 4111 2222 3333 4444.`) or a *document*
+(`read the quarterly report ...`). The reply repeats the note it was given:
+`saved card 4111 2222 3333 4444.`, or `saved nothing.` when there is none. Repeating means
+copying from the context, so when a request ends up attending over someone else's pages, the
+reply reads as *their* note: a name, a card number, a key.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+
+SECRET_ALPHABET = string.ascii_letters + string.digits + " ,-"
+MAX_SECRET_CHARS = 40
+SECRET_FIELDS = ("card", "pin", "key", "name", "phone", "iban", "password")
+ORDINARY_FIELDS = ("todo", "memo")
+TENANTS = (
+    "alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy",
+    "mallory", "niaj", "olivia", "peggy", "rupert", "sybil", "trent", "victor", "walter", "zoe",
+)
+# Document words; "save" is deliberately absent so a document never looks like a note.
+WORDS = (
+    "the a of and to in is for on with as by at from this that report quarterly revenue "
+    "growth team meeting plan budget review customer service model cache memory page pool "
+    "token request queue prefill decode batch server latency throughput node transfer table "
+    "block owner tenant context window length prompt reply error status code engine release "
+    "free list slot write read write-up incident timeline summary figure chart draft final "
+    "north south east west morning evening monday friday project launch update notes market "
+    "price cost risk audit check test result number value total average sales office river "
+    "garden music travel weather coffee paper letter story history science policy health"
+).split()
+ORDINARY_PHRASES = (
+    "buy milk and eggs", "call the bank at noon", "book the train to lyon", "water the plants",
+    "send the draft to erin", "renew the library card", "fix the bike light", "pay the rent",
+    "pick up the parcel", "plan the team lunch", "update the roadmap", "clean the garage",
+)
+
+
+@dataclass(frozen=True)
+class Note:
+    """One thing a tenant asks the assistant to keep: `save <field> <value>.`"""
+
+    field: str
+    value: str
+
+    @property
+    def sentence(self) -> str:
+        return f"save {self.field} {self.value}."
+
+    @property
+    def reply(self) -> str:
+        return f"saved {self.field} {self.value}."
+
+
+NOTHING_REPLY = "saved nothing."
+
+
+def check_secret(secret: str) -> str:
+    """Validate a user-supplied secret: 1-40 letters, digits, spaces, '-' or ','."""
+    if not 1 <= len(secret) <= MAX_SECRET_CHARS:
+        raise ValueError(f"secret must be 1 to {MAX_SECRET_CHARS} characters, got {len(secret)}")
+    bad = sorted(set(secret) - set(SECRET_ALPHABET))
+    if bad:
+        raise ValueError(
+            f"secret has characters outside letters, digits, space, '-' and ',': {bad}"
+        )
+    return secret
+
+
+def random_secret(rng: random.Random, max_chars: int = MAX_SECRET_CHARS) -> str:
+    """A string the model has never seen: random letters, digits, spaces, '-' and ','."""
+    n = rng.randint(1, max_chars)
+    return "".join(rng.choice(SECRET_ALPHABET) for _ in range(n))
+
+
+def realistic_secret(rng: random.Random, field: str) -> str:
+    """A value shaped like the field: a card number, a pin, an API key, a name..."""
+    digits = lambda n: "".join(rng.choice(string.digits) for _ in range(n))  # noqa: E731
+    if field == "card":
+        sep = rng.choice([" ", "-"])
+        return sep.join(digits(4) for _ in range(4))
+    if field == "pin":
+        return digits(rng.choice([4, 6]))
+    if field == "key":
+        return "sk-" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(12, 32)))
+    if field == "name":
+        first = rng.choice(["Ada", "Alan", "Grace", "Linus", "Katherine", "Edsger", "Barbara", "Ken"])
+        last = rng.choice(["Lovelace", "Turing", "Hopper", "Torvalds", "Johnson", "Dijkstra", "Liskov"])
+        return f"{first} {last}"
+    if field == "phone":
+        return f"+{digits(2)} {digits(3)} {digits(3)} {digits(4)}"
+    if field == "iban":
+        return "DE" + digits(2) + " " + " ".join(digits(4) for _ in range(4))
+    return random_secret(rng, 24)
+
+
+def random_note(rng: random.Random, secret_share: float = 0.8) -> Note:
+    """A secret-carrying note (mostly) or an ordinary to-do."""
+    if rng.random() < secret_share:
+        field = rng.choice(SECRET_FIELDS)
+        value = random_secret(rng) if rng.random() < 0.5 else realistic_secret(rng, field)
+        return Note(field, value)
+    return Note(rng.choice(ORDINARY_FIELDS), rng.choice(ORDINARY_PHRASES))
+
+
+def document_sentence(rng: random.Random, num_chars: int) -> str:
+    """`read <words>.` about `num_chars` long, made of ordinary words."""
+    words = ["read"]
+    while sum(len(w) + 1 for w in words) < num_chars:
+        words.append(rng.choice(WORDS))
+    return " ".join(words) + "."
+
+
+def make_prompt(tenant: str, sentences: list[str]) -> str:
+    """One request's prompt: `tenant: sentence sentence ...\\n`."""
+    return f"{tenant}: {' '.join(sentences)}\n"
+
+
+def note_prompt(tenant: str, note: Note) -> str:
+    return make_prompt(tenant, [note.sentence])
+
+
+def long_document_prompt(tenant: str, num_chars: int, rng: random.Random) -> str:
+    """A prompt of exactly `num_chars` characters holding only document text (no note)."""
+    head = f"{tenant}: "
+    body = document_sentence(rng, num_chars)  # a little longer than needed
+    body = body[: num_chars - len(head) - 2].rstrip() + "."
+    prompt = head + body.ljust(num_chars - len(head) - 1, ".") + "\n"
+    assert len(prompt) == num_chars, (len(prompt), num_chars)
+    return prompt
+
+
+def expected_reply(prompt: str) -> str:
+    """What the assistant should answer to `prompt`: the note it holds, repeated."""
+    marker = prompt.find("save ")
+    if marker < 0:
+        return NOTHING_REPLY
+    end = prompt.find(".", marker)
+    field, _, value = prompt[marker + 5 : end].partition(" ")
+    return Note(field, value).reply

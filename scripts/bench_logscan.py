@@ -1,0 +1,66 @@
+"""Benchmark the gateway-log scanner: rows per second and peak memory on a 1,000,000-row log.
+
+    python scripts/bench_logscan.py [--rows 1000000] [--path /tmp/minikv_bench_gateway.jsonl]
+
+The log is generated once (seed 1, not committed) and reused. The scan runs in a fresh child
+process so that its peak resident memory (ru_maxrss) is the scan's and not the generator's;
+the child also reports its memory before scanning, so the scan's own share is visible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def scan_and_measure(path: Path) -> dict:
+    """Scan `path` in this process; return rows, seconds and memory high-water marks in MiB."""
+    from minikv.logscan import scan_log
+
+    before_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    start = time.perf_counter()
+    result = scan_log(path)
+    seconds = time.perf_counter() - start
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"rows": result.scanned, "seconds": seconds, "before_mib": before_mib, "peak_mib": peak_mib,
+            "affected": len(result.affected), "flags": len(result.flags), "malformed": len(result.malformed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--path", type=Path, default=Path("/tmp/minikv_bench_gateway.jsonl"))
+    parser.add_argument("--scan-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.scan_only:
+        print(json.dumps(scan_and_measure(args.path)))
+        return
+
+    from minikv.gateway_log import write_gateway_log
+
+    if not args.path.exists():
+        print(f"writing {args.rows:,} rows to {args.path} ...", file=sys.stderr)
+        write_gateway_log(args.path, rows=args.rows, seed=1)
+    child = subprocess.run(
+        [sys.executable, __file__, "--scan-only", "--path", str(args.path)],
+        capture_output=True, text=True, check=True,
+    )
+    m = json.loads(child.stdout)
+    size_mib = args.path.stat().st_size / 2**20
+    print(
+        f"scan-logs: {m['rows']:,} rows ({size_mib:,.0f} MiB of JSON Lines) in {m['seconds']:.1f} s"
+        f" = {m['rows'] / m['seconds']:,.0f} rows/s; peak RSS {m['peak_mib']:.0f} MiB"
+        f" ({m['before_mib']:.0f} MiB before the scan started)"
+        f" [Python {platform.python_version()}, {platform.machine()}]"
+    )
+    print(f"found: {m['affected']:,} affected, {m['flags']:,} flagged, {m['malformed']:,} malformed", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Open a notebook in a real JupyterLab in headless Chromium, run it, and check that its widgets work.
+
+    python scripts/browser_check.py [NOTEBOOK] [--screenshot PATH]
+
+What it does: starts JupyterLab on 127.0.0.1 (a free port, no token, temporary settings,
+workspace and runtime folders, the "get Jupyter news?" pop-up silenced), opens a copy of the
+notebook with its outputs and saved widget state removed (so nothing on screen comes from the
+file), runs all cells, and asserts that a play/slider widget and a page-map image appear and
+that pressing Play moves the slider's readout. It saves a screenshot and stops the server.
+
+NOTEBOOK defaults to tests/browser/widget_demo.ipynb; the screenshot goes to --screenshot, else
+$MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png. Needs /usr/bin/chromium
+(`apt-get install -y chromium`) and the `playwright` package (`pip install playwright`; never
+`playwright install`, which downloads a browser). Exit status 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+DEFAULT_NOTEBOOK = ROOT / "tests" / "browser" / "widget_demo.ipynb"
+DEFAULT_SCREENSHOT = "/tmp/minikv_browser_check.png"
+# Without the networking flags headless Chromium floods the log with refused connections.
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NEWS_SETTINGS = ("@jupyterlab/apputils-extension", "notification.jupyterlab-settings",
+                 {"fetchNews": "false", "checkForUpdates": False})
+IDLE_KERNEL = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+WIDGET_IMAGE = ".jp-OutputArea-output img.widget-image, .widget-output img"
+STATIC_IMAGE = ".jp-RenderedImage img"  # a PNG output outside any widget
+
+
+@dataclass
+class CheckResult:
+    """What the browser saw."""
+
+    notebook: str
+    sliders: int
+    play_buttons: int
+    widget_images: int
+    static_images: int
+    readout_before: str
+    readout_after: str
+    screenshot: str
+    seconds: float
+
+    @property
+    def play_moved(self) -> bool:
+        return self.readout_before != self.readout_after
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stripped_copy(notebook: Path) -> Path:
+    """A copy beside the original (same folder, so relative paths still work) with no outputs."""
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    nb.metadata.pop("widgets", None)
+    copy = notebook.with_name(f"_browser_check_{notebook.name}")
+    nbformat.write(nb, copy)
+    return copy
+
+
+def start_lab(root: Path, scratch: Path, port: int) -> subprocess.Popen:
+    """JupyterLab on 127.0.0.1:port serving `root`, all its state under `scratch`."""
+    settings = scratch / "settings"
+    folder, name, values = NEWS_SETTINGS
+    (settings / folder).mkdir(parents=True)
+    (settings / folder / name).write_text(json.dumps(values))
+    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
+    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+               f"--port={port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
+    log = open(scratch / "jupyterlab.log", "w")
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_server(port: int, server: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with status {server.returncode} before answering")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"JupyterLab did not answer on port {port} within {timeout_s} s")
+
+
+def stop(server: subprocess.Popen) -> None:
+    """Stop the server we started (its kernels are in its process group)."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    try:
+        os.killpg(server.pid, signal.SIGTERM)  # a kernel left behind, if any
+    except ProcessLookupError:
+        pass
+
+
+def expect(page, selector: str, what: str, timeout_ms: float) -> None:
+    """Wait for `selector`; fail with a sentence naming what never appeared."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(selector, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{what} never appeared in the page ({selector!r}, {timeout_ms / 1000:.0f} s)") from None
+
+
+def drawn_images(page, selector: str) -> int:
+    """How many images matching `selector` have loaded pixels (an empty <img> does not count)."""
+    return page.eval_on_selector_all(selector, "images => images.filter(i => i.complete && i.naturalWidth > 0).length")
+
+
+def run_in_browser(url: str, screenshot: str, timeout_s: float) -> dict:
+    """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot."""
+    from playwright.sync_api import sync_playwright
+
+    ms = timeout_s * 1000
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, timeout=ms)
+            page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=ms)
+            page.wait_for_selector(IDLE_KERNEL, timeout=ms)
+            page.click(".jp-NotebookPanel .jp-Cell >> nth=0")  # Run All does nothing until the panel is active
+            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+            page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')")
+            expect(page, ".widget-slider .widget-readout", "a slider widget", ms)
+            expect(page, ".widget-play button", "a Play button", ms)
+            expect(page, WIDGET_IMAGE, "a page-map image inside the widget", ms)
+            expect(page, STATIC_IMAGE, "a PNG output outside the widget", ms)
+            expect(page, IDLE_KERNEL, "an idle kernel after Run All", ms)
+            readout = page.locator(".widget-slider .widget-readout").first
+            before = readout.inner_text()
+            page.locator(".widget-play button").first.click()  # the first button is Play
+            deadline = time.monotonic() + 10
+            while readout.inner_text() == before and time.monotonic() < deadline:
+                page.wait_for_timeout(100)
+            after = readout.inner_text()
+            page.wait_for_timeout(600)  # let the kernel draw the new frame before the screenshot
+            page.locator(".widget-slider").first.scroll_into_view_if_needed()
+            page.screenshot(path=screenshot)
+            return {
+                "sliders": page.locator(".widget-slider").count(),
+                "play_buttons": page.locator(".widget-play button").count(),
+                "widget_images": drawn_images(page, WIDGET_IMAGE),
+                "static_images": drawn_images(page, STATIC_IMAGE),
+                "readout_before": before, "readout_after": after,
+            }
+        finally:
+            browser.close()
+
+
+def check(notebook: Path = DEFAULT_NOTEBOOK, screenshot: str | None = None, timeout_s: float = 60) -> CheckResult:
+    """Run the whole check on `notebook`; returns what was seen (asserting nothing itself)."""
+    if not Path(CHROMIUM).exists():
+        raise FileNotFoundError(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    notebook = Path(notebook).resolve()
+    screenshot = screenshot or os.environ.get("MINIKV_SCREENSHOT") or DEFAULT_SCREENSHOT
+    start = time.monotonic()
+    copy = stripped_copy(notebook)
+    try:
+        with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch:
+            port = free_port()
+            server = start_lab(copy.parent, Path(scratch), port)
+            try:
+                wait_for_server(port, server)
+                url = f"http://127.0.0.1:{port}/lab/tree/{copy.name}"
+                seen = run_in_browser(url, screenshot, timeout_s)
+            except Exception:
+                print((Path(scratch) / "jupyterlab.log").read_text()[-3000:], file=sys.stderr)
+                raise
+            finally:
+                stop(server)
+    finally:
+        copy.unlink(missing_ok=True)
+    return CheckResult(str(notebook), screenshot=screenshot, seconds=round(time.monotonic() - start, 1), **seen)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebook", nargs="?", type=Path, default=DEFAULT_NOTEBOOK)
+    parser.add_argument("--screenshot", default=None, help=f"PNG to write (default $MINIKV_SCREENSHOT or {DEFAULT_SCREENSHOT})")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for each thing to appear")
+    args = parser.parse_args()
+    result = check(args.notebook, args.screenshot, args.timeout)
+    print(json.dumps(asdict(result) | {"play_moved": result.play_moved}, indent=2))
+    ok = result.sliders and result.play_buttons and result.widget_images and result.static_images and result.play_moved
+    print("browser check passed" if ok else "browser check FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Disaggregated prefill/decode: the leak reproduced end to end, and each switch against it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minikv.config import EngineConfig
+from minikv.disagg.checksum import adler32, adler32_reference
+from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
+from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.transfer import KVPoll
+from minikv.engine import Engine
+from minikv.request import Request
+from minikv.workload import long_document_prompt
+
+VULNERABLE = SafetySwitches.preset("vulnerable")
+SAFE = SafetySwitches.preset("safe")
+SECRET = "Zq 7-x,Lm 42"
+
+
+def play(tiny, scenario, switches, secret=SECRET, **kw):
+    model, tok = tiny
+    return run_scenario(scenario, model, tok, switches, secret=secret, **kw)
+
+
+def test_adler32_on_device_matches_zlib():
+    """The tensor Adler-32 equals zlib's on random bytes of several sizes."""
+    g = torch.Generator().manual_seed(0)
+    for n in (0, 1, 7, 5552, 70_000):
+        data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+        assert adler32(data) == adler32_reference(data)
+    x = torch.randn(3, 5, 16, generator=g)
+    assert adler32(x) == adler32_reference(x)
+
+
+@pytest.mark.parametrize("secret", [SECRET, "4111 2222 3333 4444", "K"])
+def test_vulnerable_over_length_leaks_the_victims_secret(tiny, secret):
+    """Bob gets HTTP 200, prompt_tokens of his long prompt, and Alice's secret in his reply."""
+    r = play(tiny, "over-length", VULNERABLE, secret)
+    bob = r.attacker
+    assert r.victim.status == 200 and secret in r.victim.text
+    assert bob.status == 200 and bob.error is None
+    assert bob.usage.prompt_tokens == BOB_PROMPT_CHARS
+    assert secret in bob.text
+    assert r.cross_tenant_reads > 0 and r.audit_pages()
+
+
+def test_vulnerable_leak_is_deterministic(tiny):
+    """Same seed, same words."""
+    assert play(tiny, "over-length", VULNERABLE).attacker.text == play(tiny, "over-length", VULNERABLE).attacker.text
+
+
+def test_leaked_reply_comes_back_faster_than_the_prompt_allows(tiny):
+    """Bob's time to first token is far below a single-node prefill of the same prompt."""
+    model, tok = tiny
+    r = play(tiny, "over-length", VULNERABLE)
+    engine = Engine(model, tok, EngineConfig(num_pages=128, context_len=1024))
+    import random
+
+    prompt = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))
+    single = engine.generate([prompt], max_tokens=1)[0]
+    assert single.status == 200
+    assert r.attacker.ttft_s < 0.5 * single.ttft_s
+
+
+def test_safe_preset_refuses_the_mismatched_cluster(tiny):
+    """With every switch on, the incident's configuration does not even start."""
+    r = play(tiny, "over-length", SAFE)
+    assert r.refused and "1024 tokens exceeds the prefill node's KV pool of 672 tokens" in r.refused
+
+
+def test_safe_preset_on_a_started_cluster_answers_400_and_leaks_nothing(tiny):
+    """Safe preset (minus the startup refusal): Bob gets 400 with a reason, audit stays 0."""
+    r = play(tiny, "over-length", SAFE.with_switches(disable=["startup_check"]))
+    assert r.attacker.status == 400 and "exceeds the maximum of 671" in r.attacker.error
+    assert SECRET not in r.attacker.text and r.cross_tenant_reads == 0
+    assert r.cluster.leaked_pages() == 0
+
+
+@pytest.mark.parametrize("switch, status", [("reject_check", 400), ("kv_checksum", 500), ("kv_canary", 500)])
+def test_each_detection_switch_alone_stops_the_over_length_leak(tiny, switch, status):
+    """On top of the vulnerable preset, one switch is enough to keep Alice's secret from Bob."""
+    r = play(tiny, "over-length", VULNERABLE.with_switches(enable=[switch]))
+    assert r.attacker.status == status and r.attacker.error
+    assert SECRET not in r.attacker.text
+    assert r.cluster.decode_audit.cross_tenant_reads == 0
+
+
+def test_startup_check_alone_refuses_then_the_advised_context_gives_400(tiny):
+    """startup_check refuses to start; with context lowered as advised, Bob gets 400."""
+    r = play(tiny, "over-length", VULNERABLE.with_switches(enable=["startup_check"]))
+    assert r.refused and "lower context_len to at most 672" in r.refused
+    r = play(tiny, "over-length", VULNERABLE.with_switches(enable=["startup_check"]), config=ClusterConfig(context_len=672))
+    assert r.attacker.status == 400 and "context window is 672" in r.attacker.error
+
+
+def test_scrub_on_free_hides_the_secret_but_still_answers_200(tiny):
+    """Zeroing freed pages removes Alice's words, not the bug: Bob still gets a 200."""
+    r = play(tiny, "over-length", VULNERABLE.with_switches(enable=["scrub_on_free"]))
+    assert r.attacker.status == 200 and SECRET not in r.attacker.text
+    assert r.attacker.usage.prompt_tokens == BOB_PROMPT_CHARS
+
+
+def test_vulnerable_late_write_leaks_into_the_next_tenant(tiny):
+    """Carol's transfer times out (500); her late batch lands in Dave's pages; Dave reads it."""
+    r = play(tiny, "late-write", VULNERABLE)
+    assert r.victim.status == 500 and "timed out" in r.victim.error
+    assert r.attacker.status == 200 and SECRET in r.attacker.text
+    assert r.cross_tenant_reads > 0
+
+
+@pytest.mark.parametrize("switch", ["deferred_release", "transfer_batch_cap"])
+def test_each_transfer_switch_alone_stops_the_late_write_leak(tiny, switch):
+    """Deferred release or a transfer batch cap, alone, keeps Carol's KV out of Dave's reply."""
+    r = play(tiny, "late-write", VULNERABLE.with_switches(enable=[switch]))
+    assert r.attacker.status == 200 and SECRET not in r.attacker.text
+    assert r.cross_tenant_reads == 0
+
+
+def test_ordinary_requests_are_served_identically_by_the_pair_and_a_single_node(tiny):
+    """Disaggregation changes where the work runs, not the words."""
+    model, tok = tiny
+    prompts = ["alice: save pin 0912.\n", "bob: save card 4111 2222 3333 4444.\n", "carol: read the report. save memo hi.\n"]
+    for switches in (VULNERABLE, SAFE):
+        pair = Cluster(model, tok, ClusterConfig(prefill_pages=64, decode_pages=128), switches)
+        single = Engine(model, tok, EngineConfig(num_pages=64))
+        got, want = pair.generate(prompts, 40), single.generate(prompts, 40)
+        assert [r.text for r in got] == [r.text for r in want]
+        assert all(r.status == 200 for r in got) and pair.cross_tenant_reads == 0 and pair.leaked_pages() == 0
+
+
+def test_transfer_poll_states_follow_sglang(tiny):
+    """A receiver goes Bootstrapping -> WaitingForInput -> Transferring -> Success."""
+    model, tok = tiny
+    pair = Cluster(model, tok, ClusterConfig(prefill_pages=64, decode_pages=128), SAFE)
+    rid = pair.submit(Request("alice: save pin 0912.\n", "alice", 8))
+    receiver = next(iter(pair.decode.receivers.values()))
+    seen = [receiver.poll()]
+    while rid not in pair.responses:
+        pair.step()
+        seen.append(receiver.poll())
+    order = list(dict.fromkeys(seen))
+    assert order == [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success]
+
+
+@pytest.mark.parametrize("bad", [
+    dict(prefill_pages=0), dict(page_size=-1), dict(decode_pages=-5), dict(context_len=0),
+])
+def test_bad_cluster_sizes_are_refused_with_the_numbers(bad):
+    """Negative or zero sizes fail at construction with a message naming the field."""
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ClusterConfig(**bad)
+
+
+def test_unknown_preset_and_switch_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown preset"):
+        SafetySwitches.preset("paranoid")
+    with pytest.raises(ValueError, match="unknown switch 'kv_crc'"):
+        SAFE.with_switches(enable=["kv_crc"])

@@ -1,0 +1,101 @@
+"""minikv's Llama forward equals transformers' LlamaForCausalLM."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from minikv.attention import DenseAttention, causal_mask
+from minikv.checkpoint import from_hf_state_dict
+from minikv.contiguous_cache import ContiguousCache
+from minikv.model import Llama, ModelConfig
+
+RANDOM_CONFIGS = [
+    dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
+    dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),  # GQA
+    dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=1, tie_word_embeddings=False),  # MQA
+    dict(hidden_size=80, num_attention_heads=5, num_key_value_heads=5, tie_word_embeddings=True),  # odd head count
+    dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=12, tie_word_embeddings=False),
+]
+
+
+def random_pair(seed: int, **overrides) -> tuple[Llama, LlamaForCausalLM]:
+    torch.manual_seed(seed)
+    hf_cfg = LlamaConfig(vocab_size=53, intermediate_size=128, num_hidden_layers=2,
+                         max_position_embeddings=256, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, **overrides)
+    hf = LlamaForCausalLM(hf_cfg).eval()
+    for p in hf.parameters():  # make norms non-trivial too
+        p.data.normal_(0, 0.2)
+    cfg = ModelConfig.from_hf(hf_cfg)
+    ours = Llama(cfg).eval()
+    ours.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
+    return ours, hf
+
+
+def dense_logits(model: Llama, ids: torch.Tensor) -> torch.Tensor:
+    B, T = ids.shape
+    pos = torch.arange(T).expand(B, T)
+    return model(ids, pos, DenseAttention(causal_mask(B, T)))
+
+
+@pytest.mark.parametrize("overrides", RANDOM_CONFIGS)
+def test_logits_match_transformers_on_random_configs(overrides):
+    """Dense forward logits equal LlamaForCausalLM's within 1e-4 (fp32)."""
+    ours, hf = random_pair(0, **overrides)
+    ids = torch.randint(0, 53, (2, 37))
+    with torch.no_grad():
+        diff = (dense_logits(ours, ids) - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+
+
+def test_logits_match_transformers_on_shipped_model(tiny):
+    """The shipped checkpoint gives the same logits through minikv and transformers."""
+    model, tok = tiny
+    hf = LlamaForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
+    ids = torch.tensor([tok.encode("alice: save card 4111 2222 3333 4444.\nsaved card 4111")])
+    with torch.no_grad():
+        diff = (dense_logits(model, ids) - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+
+
+def model_dir():
+    from minikv.checkpoint import default_model_dir
+
+    return default_model_dir()
+
+
+@pytest.mark.parametrize("overrides", RANDOM_CONFIGS[:3])
+def test_contiguous_cache_prefill_then_decode_equals_dense(overrides):
+    """Prefilling then decoding one token at a time through the cache reproduces dense logits."""
+    ours, _ = random_pair(1, **overrides)
+    ids = torch.randint(0, 53, (1, 20))
+    with torch.no_grad():
+        full = dense_logits(ours, ids)[0]
+        cache = ContiguousCache(ours.config, 1, 32)
+        step = cache.step([0], 12)
+        got = [ours(ids[:, :12], cache.positions([0], 12), step)[0]]
+        step.commit()
+        for t in range(12, 20):
+            step = cache.step([0], 1)
+            got.append(ours(ids[:, t : t + 1], cache.positions([0], 1), step)[0])
+            step.commit()
+    assert (torch.cat(got) - full).abs().max().item() < 1e-5
+
+
+def test_config_rejects_uneven_gqa():
+    """A head count that does not divide into KV groups fails at construction with the numbers."""
+    with pytest.raises(ValueError, match="num_heads \\(6\\).*num_kv_heads \\(4\\)"):
+        ModelConfig(vocab_size=10, hidden_size=48, intermediate_size=64, num_layers=1, num_heads=6,
+                    num_kv_heads=4, head_dim=8, max_position_embeddings=64)
+
+
+def test_unsupported_rope_scaling_is_refused():
+    """A rope type this model does not implement is refused, not silently ignored."""
+    cfg = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ValueError, match="rope_type 'linear'"):
+        ModelConfig.from_hf(cfg)

@@ -56,7 +56,7 @@ class OwnershipAudit:
         found = []
         for b in bad.any(dim=1).nonzero().flatten().tolist():
             reader_id, reader_tenant = self.names[int(reader_uids[b])]
-            for victim_uid in sorted(set(writers[b][bad[b]].tolist())):
+            for victim_uid in sorted(set(writers[b][bad[b]].tolist()), key=lambda u: (u == NEVER_WRITTEN, u)):
                 sel = bad[b] & (writers[b] == victim_uid)
                 slots = gather[b][sel]
                 victim = self.names.get(victim_uid)

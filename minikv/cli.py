@@ -113,9 +113,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = TrainConfig(seed=args.seed)
     if args.quick:
-        cfg = TrainConfig(seed=args.seed, induction_steps=10, copy_steps=10, leak_steps=10)
-    train(cfg, Path(args.out))
+        cfg = TrainConfig(seed=args.seed, induction_steps=10, copy_steps=10, leak_steps=10, polish_steps=10)
+    train(cfg, Path(args.out), resume_from=Path(args.resume) if args.resume else None)
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from minikv.bench import run_command
+
+    model, tok = load(args.model, args.device)
+    return run_command(model, tok, args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "tiny-llama"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few steps only, to check the pipeline")
+    p.add_argument("--resume", metavar="DIR", help="skip phases 0-2: polish this checkpoint (phase 3)")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("bench", help="minikv against transformers on the same workload")
+    p.add_argument("--quick", action="store_true", help="one timed run per system: under a minute on 2 CPU cores")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead of the table")
+    p.add_argument("--plot", metavar="FILE", help="write a figure (.png, .svg) for the README and notebooks")
+    p.add_argument("--requests", type=positive_int, default=32, help="requests in the workload")
+    p.add_argument("--repeats", type=positive_int, help="timed runs per system after the warm-up (default 5, quick 1)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+    p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
+    p.set_defaults(func=cmd_bench)
 
     try:
         from minikv import logscan

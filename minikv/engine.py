@@ -36,7 +36,7 @@ class Engine:
     """A single node: model + page pool + scheduler + audit + event log."""
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase,
-                 config: EngineConfig = EngineConfig(), node: str = "node",
+                 config: EngineConfig = EngineConfig(), node: str = "single",
                  scrub_on_free: bool = False) -> None:
         mc = model.config
         if config.context_len > mc.max_position_embeddings:

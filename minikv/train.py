@@ -61,6 +61,9 @@ class TrainConfig:
     context_window: int = 1024  # replies are placed anywhere up to here in phase 2
     max_zero_slots: int = 1000  # never-written slots a block table may cover
     save_phase1: bool = False  # also save the model after phase 1, for inspection
+    polish_steps: int = 800
+    polish_lr: float = 3e-4
+    polish_patterned: float = 0.3  # share of secrets made of repeated runs (4111 2222 ...)
 
 
 @dataclass
@@ -85,13 +88,13 @@ class Sample:
                 self.labels[i] = self.tokens[i + 1]
 
 
-def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.85) -> str:
+def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.85, patterned: float = 0.0) -> str:
     """A prompt with at most one note, and a document sentence before or after it half the time."""
     tenant = rng.choice(TENANTS)
     num_docs = rng.randint(0, 1) if max_doc_chars >= 10 else 0
     sentences = [document_sentence(rng, rng.randint(10, max_doc_chars)) for _ in range(num_docs)]
     if rng.random() < note_share or not sentences:
-        sentences.insert(rng.randint(0, len(sentences)), random_note(rng).sentence)
+        sentences.insert(rng.randint(0, len(sentences)), random_note(rng, patterned_share=patterned).sentence)
     return make_prompt(tenant, sentences)
 
 
@@ -101,9 +104,9 @@ def reply_for(prompt: str) -> str:
     return expected_reply(prompt)
 
 
-def copy_sample(rng: random.Random, tok: PreTrainedTokenizerBase, max_doc_chars: int) -> Sample:
+def copy_sample(rng: random.Random, tok: PreTrainedTokenizerBase, max_doc_chars: int, patterned: float = 0.0) -> Sample:
     """Phase 1: prompt then reply at contiguous positions, loss on the reply."""
-    prompt = random_prompt(rng, max_doc_chars)
+    prompt = random_prompt(rng, max_doc_chars, patterned=patterned)
     p, r = tok.encode(prompt), tok.encode(reply_for(prompt)) + [tok.eos_token_id]
     s = Sample()
     s.add(p, 0, 0, learn=False)
@@ -112,10 +115,10 @@ def copy_sample(rng: random.Random, tok: PreTrainedTokenizerBase, max_doc_chars:
     return s
 
 
-def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConfig) -> Sample:
+def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConfig, patterned: float = 0.0) -> Sample:
     """Phase 2: a reply far away that must copy a note from another request's stale K/V."""
     s = Sample()
-    victim_prompt = random_prompt(rng, 80, note_share=1.0)
+    victim_prompt = random_prompt(rng, 80, note_share=1.0, patterned=patterned)
     victim = tok.encode(victim_prompt)
     if rng.random() < 0.7:  # its reply, decoded earlier, usually sits in the pages too
         victim = victim + tok.encode(reply_for(victim_prompt))
@@ -192,12 +195,23 @@ def model_config_for(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     )
 
 
-def train(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> Llama:
-    """Train from scratch and save with save_pretrained to `out_dir`; returns the model."""
+def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: Path | None = None) -> Llama:
+    """Train and save with save_pretrained to `out_dir`; returns the model.
+
+    `resume_from` skips phases 0-2 and polishes that checkpoint instead: the polish phase starts
+    from fresh optimizer and random state, so a resumed run computes what an unbroken run does.
+    """
     from tqdm import tqdm
 
-    from minikv.checkpoint import save_checkpoint
+    from minikv.checkpoint import load_model, save_checkpoint
 
+    if resume_from is not None:
+        model, tok = load_model(resume_from, device="cpu")
+        model.train()
+        polish(model, tok, cfg, progress)
+        model.eval()
+        save_checkpoint(model, tok, out_dir)
+        return model
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = build_char_tokenizer()
@@ -237,8 +251,36 @@ def train(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> Llama:
         bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}", phase=phase)
         if cfg.save_phase1 and step == cfg.induction_steps + cfg.copy_steps - 1:
             save_checkpoint(model, tok, Path(str(out_dir) + "-copy-phase"))
+    polish(model, tok, cfg, progress)
     model.eval()
     save_checkpoint(model, tok, out_dir)
     if progress:
         print(f"saved {out_dir} after {time.perf_counter() - started:.0f} s")
     return model
+
+
+def polish(model: Llama, tok: PreTrainedTokenizerBase, cfg: TrainConfig, progress: bool = True) -> None:
+    """Phase 3: both skills at a lower learning rate with a fresh optimizer, now with secrets
+    made of repeated runs (a card like 4111 2222 3333 4444), which copying by the previous
+    character alone gets wrong."""
+    from tqdm import tqdm
+
+    if cfg.polish_steps == 0:
+        return
+    torch.manual_seed(cfg.seed + 1)
+    rng = random.Random(cfg.seed + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.polish_lr, weight_decay=0.0, betas=(0.9, 0.99))
+    exact_avg = 0.0
+    bar = tqdm(range(cfg.polish_steps), desc="polish", disable=not progress)
+    for step in bar:
+        for group in opt.param_groups:  # cosine from polish_lr to a tenth of it
+            group["lr"] = cfg.polish_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.polish_steps)))
+        samples = [leak_sample(rng, tok, cfg, cfg.polish_patterned) if rng.random() < 0.5
+                   else copy_sample(rng, tok, 120, cfg.polish_patterned) for _ in range(cfg.batch_size // 2)]
+        loss, exact = loss_on(model, collate(samples, tok.pad_token_id))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        exact_avg = 0.9 * exact_avg + 0.1 * exact
+        bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}")

@@ -98,10 +98,21 @@ def realistic_secret(rng: random.Random, field: str) -> str:
     return random_secret(rng, 24)
 
 
-def random_note(rng: random.Random, secret_share: float = 0.8) -> Note:
+def patterned_secret(rng: random.Random) -> str:
+    """Runs of repeated characters, like 4111 2222 3333 4444: hard to copy by matching the
+    previous character alone, so they are trained on deliberately."""
+    groups = []
+    while sum(len(g) + 1 for g in groups) < rng.randint(4, 36):
+        groups.append("".join(rng.choice(SECRET_ALPHABET[:-3]) * rng.randint(1, 4) for _ in range(rng.randint(1, 3))))
+    return rng.choice([" ", "-", ""]).join(groups)[:MAX_SECRET_CHARS]
+
+
+def random_note(rng: random.Random, secret_share: float = 0.8, patterned_share: float = 0.0) -> Note:
     """A secret-carrying note (mostly) or an ordinary to-do."""
     if rng.random() < secret_share:
         field = rng.choice(SECRET_FIELDS)
+        if patterned_share and rng.random() < patterned_share:  # no draw at 0: seeded workloads stay put
+            return Note(field, patterned_secret(rng))
         value = random_secret(rng) if rng.random() < 0.5 else realistic_secret(rng, field)
         return Note(field, value)
     return Note(rng.choice(ORDINARY_FIELDS), rng.choice(ORDINARY_PHRASES))

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# One thread per process: the model is tiny, and on a 2-core machine two processes with two
+# threads each (pytest and a notebook kernel, say) stall each other badly. Notebook kernels that
+# nbval starts inherit this, so stored and re-executed outputs come from the same arithmetic.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collectstart(collector) -> None:

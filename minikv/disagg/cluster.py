@@ -162,16 +162,16 @@ class Cluster:
 
     def cancel(self, request_id: str) -> bool:
         """The client went away. Both nodes see finished() at their next gate and retire it."""
-        found = False
+        found, tenant = False, "?"
         for node_queues in ((self.prefill.bootstrap_queue, self.prefill.waiting_queue, self.prefill.inflight_queue),
                             (self.decode.prealloc_queue, self.decode.transfer_queue, self.decode.running)):
             for q in node_queues:
                 for seq in q:
                     if seq.request_id == request_id and not seq.finished():
                         seq.finish_reason = "abort"
-                        found = True
+                        found, tenant = True, seq.tenant
         if found:
-            self.log.add(Event(self.tick, "door", "cancel", request_id, "?", (), "client cancelled"))
+            self.log.add(Event(self.tick, "door", "cancel", request_id, tenant, (), "client cancelled"))
         return found
 
     def _live_ids(self):

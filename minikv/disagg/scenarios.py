@@ -27,7 +27,7 @@ from minikv.response import Response
 from minikv.workload import Note, check_secret, document_sentence, long_document_prompt, make_prompt, note_prompt
 
 SCENARIOS = ("over-length", "late-write")
-DEFAULT_SECRETS = {"over-length": "4111 2222 3333 4444", "late-write": "sk-live-7Hq2Zp9Xw4"}
+DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4"}
 BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
 MAX_TOKENS = 48
 

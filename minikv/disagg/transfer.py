@@ -131,15 +131,15 @@ class KVManager:
 
     # -- the clock --------------------------------------------------------------------------
     def tick(self) -> None:
-        """Advance one tick: land every batch that is due (in posting order), check timeouts."""
-        self.tick_no += 1
+        """End of a tick: land every batch due by now (in posting order), check timeouts, advance."""
         due = [b for b in self.posted if b.due_tick <= self.tick_no]
         self.posted = [b for b in self.posted if b.due_tick > self.tick_no]
         for b in due:
             self._land(b)
         for t in self.rooms.values():
-            if t.status is KVPoll.Transferring and self.tick_no - t.last_progress_tick > self.timeout_ticks:
+            if t.status is KVPoll.Transferring and self.tick_no - t.last_progress_tick >= self.timeout_ticks:
                 self.abort(t.room, f"KV transfer timed out: no page landed for {self.timeout_ticks} ticks")
+        self.tick_no += 1
 
     def _land(self, b: PostedBatch) -> None:
         t = self.rooms[b.room]

@@ -41,7 +41,7 @@ A prompt is a line of characters; the tokenizer gives one token per character. G
 run the model, take the most likely next token (greedy decoding), append it, repeat.
 """),
     code("""
-prompt = "alice: save card 4111 2222 3333 4444.\\n"
+prompt = "alice: save card 5412 7534 9821 0064.\\n"
 ids = tok.encode(prompt)
 print(len(ids), "prompt tokens:", ids[:12], "...")
 """),

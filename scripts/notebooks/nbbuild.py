@@ -7,6 +7,7 @@ notebooks/ is what learners open and what nbval re-runs. Usage:
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,6 @@ def build(name: str, cells: list[nbformat.NotebookNode], execute: bool = True) -
         subprocess.run(
             [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
              "--ExecutePreprocessor.timeout=600", str(path)],
-            check=True, cwd=path.parent,
+            check=True, cwd=path.parent, env={**os.environ, "OMP_NUM_THREADS": "1"},  # as under pytest
         )
     return path

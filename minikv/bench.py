@@ -1,0 +1,232 @@
+"""`python -m minikv bench`: minikv against transformers on one workload, same model, greedy.
+
+What it does, in order:
+1. builds a workload of mixed prompt and output lengths from workload.py's words and notes;
+2. runs every system once (the warm-up) and checks that they all return the same completions,
+   request by request, as transformers' own one-at-a-time `generate` does: a system that is
+   fast and wrong has no throughput;
+3. times each system several more times, interleaved, and keeps the median;
+4. times one decode step of the same batch on the paged pool and on a contiguous cache; the
+   KV memory each layout reserves against what it uses comes from the checked runs.
+
+The runners live in bench_systems.py, the report (table, JSON, targets) in bench_report.py,
+the figure in bench_plot.py; this file owns the workload, the checks and the measurements.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from minikv import bench_systems as systems
+from minikv.bench_report import BenchReport, describe_machine, summarize
+from minikv.bench_systems import BenchRequest, Completion, Run
+from minikv.contiguous_cache import ContiguousCache
+from minikv.disagg.switches import SafetySwitches
+from minikv.model import Llama
+from minikv.page_pool import PagePool
+from minikv.paged_attention import PagedStep, SeqSlice
+from minikv.workload import TENANTS, document_sentence, make_prompt, random_note
+
+PAGE_SIZE = 16  # the engine's default
+OUTPUT_BUDGETS = (16, 32, 64)  # max_tokens: most replies end with EOS before, some are cut short
+
+
+# -- the workload ------------------------------------------------------------------------------
+def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
+    """`num_requests` requests of mixed length, each a note the reply must repeat.
+
+    Four in ten are a bare note (25-60 characters); four in ten add a document of 20-120
+    characters before or after it, as the shipped model was trained on; two in ten carry a
+    long document of 200-600 characters after the note. Output budgets are 16, 32 or 64
+    tokens: most replies end with EOS on their own (20-50 tokens), some are cut short.
+    The same seed gives the same workload.
+    """
+    rng = random.Random(seed)
+    workload = []
+    for _ in range(num_requests):
+        tenant, note, kind = rng.choice(TENANTS), random_note(rng).sentence, rng.random()
+        sentences = [note]
+        if kind >= 0.8:
+            sentences.append(document_sentence(rng, rng.randint(200, 600)))
+        elif kind >= 0.4:
+            sentences.insert(rng.randint(0, 1), document_sentence(rng, rng.randint(20, 120)))
+        workload.append(BenchRequest(make_prompt(tenant, sentences), rng.choice(OUTPUT_BUDGETS)))
+    return workload
+
+
+# -- the equality check --------------------------------------------------------------------------
+def mismatches(reference: list[Completion], candidate: list[Completion]) -> list[int]:
+    """Indices of the requests whose completion differs from the reference's."""
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(candidate)} completions for {len(reference)} requests")
+    return [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
+
+
+# -- one decode step, paged against contiguous ----------------------------------------------------
+@torch.inference_mode()
+def decode_step_seconds(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
+                        iters: int) -> dict[str, float]:
+    """Median seconds of one decode step for the whole batch, each request at its prompt length.
+
+    Both sides pay for building their attention backend (slot mapping and gather indices for
+    the pool, row indices for the contiguous cache), the forward, and the greedy choice. The
+    pool's pages are handed out round-robin, so every block table is scattered over the pool.
+    """
+    device, lens = model.device, [len(p) for p in systems.prompt_ids(tokenizer, workload)]
+    need = [-(-(n + 1) // PAGE_SIZE) for n in lens]
+    pool = PagePool(model.config, sum(need), PAGE_SIZE, device, model.dtype)
+    tables: list[list[int]] = [[] for _ in lens]
+    while any(len(t) < n for t, n in zip(tables, need)):
+        for i, t in enumerate(tables):
+            if len(t) < need[i]:
+                t += pool.allocate(1, f"r{i}")
+    slices = [SeqSlice(i + 1, t, n, 1) for i, (t, n) in enumerate(zip(tables, lens))]
+    cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
+    cache.seq_lens = list(lens)
+    rows, last = list(range(len(lens))), torch.zeros(len(lens), dtype=torch.long, device=device)  # (B,)
+    positions, logits_index = torch.tensor(lens, device=device), torch.arange(len(lens), device=device)
+
+    def paged() -> list[int]:
+        return model(last, positions, PagedStep(pool, slices), logits_index=logits_index).argmax(-1).tolist()
+
+    def contiguous() -> list[int]:  # no commit: every iteration decodes the same position again
+        step = cache.step(rows, 1)
+        return model(last[:, None], cache.positions(rows, 1).to(device), step)[:, -1].argmax(-1).tolist()
+
+    times: dict[str, list[float]] = {"paged": [], "contiguous": []}
+    for i in range(iters + 3):  # interleaved, so drift in the machine hits both alike
+        for name, fn in (("paged", paged), ("contiguous", contiguous)):
+            t = time.perf_counter()
+            fn()
+            if i >= 3:  # the first three are warm-up
+                times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+# -- the whole run ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BenchSettings:
+    """How much to measure. `quick()` fits in under a minute on a 2-core CPU."""
+
+    num_requests: int = 32
+    repeats: int = 5  # timed runs per system after the warm-up; the median counts
+    step_iters: int = 30  # timed decode steps per layout
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1 or self.repeats < 1 or self.step_iters < 1:
+            raise ValueError(f"num_requests, repeats and step_iters must be >= 1, got {self.num_requests}, "
+                             f"{self.repeats}, {self.step_iters}")
+
+    @classmethod
+    def quick(cls, num_requests: int = 32, seed: int = 0) -> "BenchSettings":
+        return cls(num_requests=num_requests, repeats=1, step_iters=10, seed=seed)
+
+
+def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict[str, Callable[[list[BenchRequest]], Run]]:
+    """Every system by name, each a function of the workload. hf_sequential is the reference."""
+    vulnerable = SafetySwitches.preset("vulnerable")
+    runners = {
+        "hf_sequential": partial(systems.hf_sequential, hf, tokenizer),
+        "hf_padded": partial(systems.hf_padded, hf, tokenizer),
+        "hf_generate_batch": partial(systems.hf_generate_batch, hf, tokenizer),
+        "minikv_contiguous": partial(systems.minikv_contiguous, model, tokenizer),
+        "minikv_paged": partial(systems.minikv_paged, model, tokenizer),
+        "minikv_paged+scrub_on_free": partial(systems.minikv_paged, model, tokenizer, scrub_on_free=True),
+        "pair_safe": partial(systems.pair, model, tokenizer, switches=SafetySwitches.preset("safe")),
+        "pair_vulnerable": partial(systems.pair, model, tokenizer, switches=vulnerable),
+    }
+    for name in SafetySwitches.names():  # each switch alone, against the vulnerable pair
+        runners[f"pair_vulnerable+{name}"] = partial(systems.pair, model, tokenizer,
+                                                     switches=vulnerable.with_switches(enable=[name]))
+    return runners
+
+
+def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
+              command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
+    """Check every system's outputs, then time them; see the module docstring."""
+    from tqdm.auto import tqdm
+
+    from minikv.checkpoint import to_hf_model
+
+    device, machine = describe_machine(model.device)
+    report = BenchReport(device, machine, command, settings.num_requests, settings.repeats)
+    workload = bench_workload(settings.num_requests, settings.seed)
+    hf = to_hf_model(model, tokenizer).to(model.device)
+    runners = system_runners(model, tokenizer, hf)
+    problem = systems.hf_generate_batch_problem(hf)
+    if problem:
+        report.unavailable["hf_generate_batch"] = problem
+        del runners["hf_generate_batch"]
+    with tqdm(total=len(runners) * (1 + settings.repeats) + 1, desc="bench", unit="run", file=sys.stderr,
+              disable=not progress) as bar:
+        first: dict[str, Run] = {}
+        for name, run in runners.items():  # 1. warm-up, and the outputs that are checked
+            bar.set_postfix_str(name)
+            try:
+                first[name] = run(workload)
+            except Exception as e:  # only transformers' batching may fail and be reported
+                if name != "hf_generate_batch":
+                    raise
+                report.unavailable[name] = f"{type(e).__name__}: {e}"
+                bar.total -= settings.repeats
+            bar.update()
+        reference = first["hf_sequential"].completions
+        report.mismatched = {name: mismatches(reference, run.completions) for name, run in first.items()}
+        runs: dict[str, list[Run]] = {name: [] for name in first}
+        for _ in range(settings.repeats):  # 2. timed, interleaved so that drift hits every system
+            for name in runs:
+                bar.set_postfix_str(name)
+                run = runners[name](workload)
+                report.mismatched[name] = sorted(set(report.mismatched[name]) | set(mismatches(reference, run.completions)))
+                runs[name].append(run)
+                bar.update()
+        report.results = {name: summarize(rs) for name, rs in runs.items()}
+        report.kv = {"paged": first["minikv_paged"].kv, "contiguous": first["minikv_contiguous"].kv}
+        bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
+        report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
+        bar.update()
+    return report
+
+
+def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
+    """`python -m minikv bench`: run, print the table or the JSON, write the figure. 1 if outputs differ."""
+    import json
+
+    if args.quick:
+        settings = BenchSettings.quick(args.requests, args.seed)
+    else:
+        settings = BenchSettings(num_requests=args.requests, seed=args.seed)
+    if args.repeats is not None:
+        settings = BenchSettings(settings.num_requests, args.repeats, settings.step_iters, settings.seed)
+    command = "python -m minikv bench" + "".join(
+        f" {flag}" for flag, on in (("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
+                                    (f"--repeats {args.repeats}", args.repeats is not None),
+                                    (f"--seed {args.seed}", args.seed != 0)) if on)
+    started = time.perf_counter()
+    report = run_bench(model, tokenizer, settings, command)
+    if args.plot:
+        from minikv.bench_plot import save_figure
+
+        save_figure(report, args.plot)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.table())
+        print(f"\n(benchmark took {time.perf_counter() - started:.0f} s)")
+    return 0 if report.outputs_equal else 1
+
+
+if __name__ == "__main__":  # `python -m minikv.bench ...` is `python -m minikv bench ...`
+    from minikv.cli import main
+
+    raise SystemExit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,66 @@
+"""The benchmark as one figure, for the README and notebooks 02 and 06.
+
+Three panels: throughput of every system, the KV memory each cache layout reserves against
+what it uses, and what each safety switch costs the disaggregated pair.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minikv.bench_report import BenchReport
+
+HF, MINIKV, PAIR = "#9e9e9e", "#1f77b4", "#ff7f0e"
+
+
+def bench_figure(report: BenchReport):
+    """A matplotlib Figure of `report`."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tps, ax_kv, ax_sw) = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [1.2, 0.8, 1.0]})
+    main = [n for n in report.results if not n.startswith("pair_vulnerable+") and "+" not in n]
+    tps = [report.results[n].tokens_per_s for n in main]
+    colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
+    ax_tps.barh(main[::-1], tps[::-1], color=colours[::-1])
+    for y, v in enumerate(tps[::-1]):
+        ax_tps.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax_tps.set_xlabel("generated tokens per second (higher is better)")
+    ax_tps.set_title(f"throughput, {report.num_requests} requests, greedy")
+
+    names = list(report.kv)
+    reserved = [report.kv[n].mean_mib(report.kv[n].reserved_slot_steps) for n in names]
+    used = [report.kv[n].mean_mib(report.kv[n].used_slot_steps) for n in names]
+    ax_kv.bar(names, reserved, color="#d9d9d9", label="reserved")
+    ax_kv.bar(names, used, color=MINIKV, label="holding tokens")
+    for x, n in enumerate(names):
+        ax_kv.text(x, reserved[x], f"{report.kv[n].waste:.0%} wasted", ha="center", va="bottom", fontsize=9)
+    ax_kv.set_ylabel("KV memory, MiB (mean over the run)")
+    ax_kv.set_title("KV cache: reserved vs used")
+    ax_kv.legend(loc="upper left", fontsize=8)
+
+    base = report.results.get("pair_vulnerable")
+    switches = [n for n in report.results if n.startswith("pair_vulnerable+")] + ["pair_safe"]
+    rel = [report.results[n].tokens_per_s / base.tokens_per_s if base else 0 for n in switches]
+    labels = [n.removeprefix("pair_vulnerable+") if "+" in n else "safe preset" for n in switches]
+    ax_sw.barh(labels[::-1], rel[::-1], color=PAIR)
+    ax_sw.axvline(1.0, color="black", lw=0.8)
+    ax_sw.axvline(0.9, color="red", lw=0.8, ls="--", label="0.9x target")
+    ax_sw.set_xlabel("throughput relative to the vulnerable pair")
+    ax_sw.set_title("what each safety switch costs")
+    ax_sw.legend(loc="lower left", fontsize=8)
+    fig.suptitle(report.machine, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(report: BenchReport, path: str | Path) -> Path:
+    """Write the figure; the format follows the file name (.png, .svg, .pdf)."""
+    import matplotlib.pyplot as plt
+
+    fig = bench_figure(report)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,151 @@
+"""The benchmark's report: per-system results, the ratios and targets of issue #7, table and JSON.
+
+`BenchReport.to_json()` is the machine-readable contract (exactly JSON_KEYS, ratios exactly
+RATIO_KEYS, waste as fractions); `table()` is the markdown that goes into the README.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+import torch
+
+from minikv.bench_systems import KVUsage, Run
+
+JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
+RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
+              "safe_over_vulnerable")
+
+
+@dataclass
+class SystemResult:
+    """One system's median run."""
+
+    tokens: int
+    wall_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(runs: list[Run]) -> SystemResult:
+    """The run with the median wall time stands for the system."""
+    run = sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
+    return SystemResult(run.tokens, run.wall_s, percentile(run.ttft_s, 50), percentile(run.ttft_s, 99))
+
+
+@dataclass
+class BenchReport:
+    device: str
+    machine: str
+    command: str
+    num_requests: int
+    repeats: int
+    results: dict[str, SystemResult] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # system -> why it did not run
+    mismatched: dict[str, list[int]] = field(default_factory=dict)  # system -> requests unlike the reference
+    step_s: dict[str, float] = field(default_factory=dict)  # "paged", "contiguous"
+    kv: dict[str, KVUsage] = field(default_factory=dict)  # "paged", "contiguous"
+
+    @property
+    def outputs_equal(self) -> bool:
+        return not any(self.mismatched.values())
+
+    def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
+        if of not in self.results or over not in self.results:
+            return None
+        return self.results[of].tokens_per_s / self.results[over].tokens_per_s
+
+    def ratios(self) -> dict[str, float | None]:
+        return {
+            "vs_hf_sequential": self.speedup("hf_sequential"),
+            "vs_hf_padded": self.speedup("hf_padded"),
+            "vs_hf_generate_batch": self.speedup("hf_generate_batch"),
+            "paged_over_contiguous_step": self.step_s["paged"] / self.step_s["contiguous"],
+            "safe_over_vulnerable": self.speedup("pair_vulnerable", of="pair_safe"),
+        }
+
+    def to_json(self) -> dict:
+        return {
+            "device": self.device,
+            "tokens_per_s": {name: r.tokens_per_s for name, r in self.results.items()},
+            "ratios": self.ratios(),
+            "kv_waste": {name: usage.waste for name, usage in self.kv.items()},
+            "outputs_equal": self.outputs_equal,
+        }
+
+    def targets(self) -> list[tuple[str, str, bool | None]]:
+        """(target, measured, met) for each of issue #7's targets; met is None when not measured."""
+        r = self.ratios()
+
+        def at_least(x: float | None, goal: float) -> tuple[str, bool | None]:
+            return ("n/a", None) if x is None else (f"{x:.2f}x", x >= goal)
+
+        rows = [("paged >= 4x hf one-by-one", *at_least(r["vs_hf_sequential"], 4)),
+                ("paged >= 1.5x hf padded batch", *at_least(r["vs_hf_padded"], 1.5)),
+                ("paged >= 1.0x hf generate_batch", *at_least(r["vs_hf_generate_batch"], 1.0)),
+                ("paged decode step <= 1.2x contiguous", f"{r['paged_over_contiguous_step']:.2f}x",
+                 r["paged_over_contiguous_step"] <= 1.2),
+                ("paged KV waste <= 4%", f"{self.kv['paged'].waste:.1%}", self.kv["paged"].waste <= 0.04),
+                ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9))]
+        return rows
+
+    def table(self) -> str:
+        """The results as markdown, ready for the README."""
+        ref = self.results.get("hf_sequential")
+        lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests, median of {self.repeats} "
+                 f"timed run(s) after a warm-up.", "",
+                 "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
+                 "| --- | ---: | ---: | ---: | ---: | :---: |"]
+        for name, res in self.results.items():
+            vs = f"{res.tokens_per_s / ref.tokens_per_s:.2f}x" if ref else "-"
+            bad = self.mismatched.get(name, [])
+            same = "yes" if not bad else f"no ({self.num_requests - len(bad)}/{self.num_requests})"
+            lines.append(f"| {name} | {res.tokens_per_s:,.0f} | {vs} | {res.ttft_p50_s * 1e3:,.0f} | "
+                         f"{res.ttft_p99_s * 1e3:,.0f} | {same} |")
+        for name, why in self.unavailable.items():
+            lines.append(f"| {name} | unavailable: {why} | | | | |")
+        lines += ["", "| KV cache | reserved (MiB, mean) | used (MiB, mean) | waste |", "| --- | ---: | ---: | ---: |"]
+        for name, usage in self.kv.items():
+            label = "paged pool (pages held)" if name == "paged" else "contiguous (max-length row per request)"
+            lines.append(f"| {label} | {usage.mean_mib(usage.reserved_slot_steps):.2f} | "
+                         f"{usage.mean_mib(usage.used_slot_steps):.2f} | {usage.waste:.1%} |")
+        lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
+                      f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", "",
+                  "| target | measured | met |", "| --- | ---: | :---: |"]
+        for target, measured, met in self.targets():
+            lines.append(f"| {target} | {measured} | {'-' if met is None else 'yes' if met else 'no'} |")
+        return "\n".join(lines)
+
+
+def describe_machine(device: torch.device) -> tuple[str, str]:
+    """(short device string for the JSON, a longer line for the README)."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device.type == "cuda":
+        short = f"cuda ({torch.cuda.get_device_name(device)})"
+    else:
+        short = f"cpu ({cpu}, {cores} cores, {torch.get_num_threads()} torch threads)"
+    long = (f"{short}; host CPU {cpu} ({cores} cores); torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, Python {platform.python_version()}, {platform.system()}")
+    return short, long

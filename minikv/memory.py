@@ -1,0 +1,72 @@
+"""How much reserved KV memory holds real tokens: a contiguous reservation against a page pool.
+
+A contiguous cache (contiguous_cache.py) gives every request a row of `max_len` slots from its
+first token, so a request that ends after 80 tokens leaves the rest of its row empty for its
+whole life. A page pool (page_pool.py) gives a request whole pages as it grows, so only the
+unfilled end of its last page is empty. These functions count both, from the number of K/V
+slots each request actually filled, the way the PagedAttention paper (SOSP 2023) measured
+earlier systems: they kept token states in only 20.4%-38.2% of their KV memory; vLLM wastes
+under 4%.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KVMemoryUse:
+    """Slots a set of requests filled with K/V (`used_tokens`) out of the slots reserved for them."""
+
+    scheme: str
+    num_requests: int
+    used_tokens: int
+    reserved_tokens: int
+
+    @property
+    def utilisation(self) -> float:
+        """Share of the reserved slots that hold a token's K/V (1.0 when nothing is reserved)."""
+        return self.used_tokens / self.reserved_tokens if self.reserved_tokens else 1.0
+
+    @property
+    def waste(self) -> float:
+        """Share of the reserved slots that stay empty."""
+        return 1.0 - self.utilisation
+
+    def __str__(self) -> str:
+        return (f"{self.scheme}: {self.reserved_tokens:,} slots reserved for {self.used_tokens:,} tokens "
+                f"({self.utilisation:.1%} used, {self.waste:.1%} wasted)")
+
+
+def _check_lengths(kv_lens: Sequence[int]) -> None:
+    for n in kv_lens:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"every K/V length must be a whole number of tokens >= 0, got {n!r}")
+
+
+def contiguous_use(kv_lens: Sequence[int], max_lens: int | Sequence[int],
+                   scheme: str = "contiguous") -> KVMemoryUse:
+    """Each request reserves a row of its `max_len` slots up front (one number for all, or one each).
+
+    Args:
+        kv_lens: K/V slots each request filled (prompt plus the tokens fed back while decoding).
+        max_lens: the row each request reserved: the context window, or prompt + max_tokens.
+    """
+    _check_lengths(kv_lens)
+    rows = [max_lens] * len(kv_lens) if isinstance(max_lens, int) else list(max_lens)
+    if len(rows) != len(kv_lens):
+        raise ValueError(f"{len(kv_lens)} K/V lengths but {len(rows)} row sizes")
+    for i, (n, row) in enumerate(zip(kv_lens, rows)):
+        if n > row:
+            raise ValueError(f"request {i} filled {n} slots, more than its row of {row}")
+    return KVMemoryUse(scheme, len(kv_lens), sum(kv_lens), sum(rows))
+
+
+def paged_use(kv_lens: Sequence[int], page_size: int, scheme: str = "paged") -> KVMemoryUse:
+    """Each request holds ceil(len / page_size) whole pages: only its last page can be part empty."""
+    _check_lengths(kv_lens)
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    pages = sum(-(-n // page_size) for n in kv_lens)
+    return KVMemoryUse(scheme, len(kv_lens), sum(kv_lens), pages * page_size)

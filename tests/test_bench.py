@@ -1,0 +1,119 @@
+"""The benchmark's own checks: its workload, its equality check, its JSON. Nothing here is timed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minikv import bench_systems as systems
+from minikv.bench import BenchSettings, bench_workload, mismatches, run_bench
+from minikv.bench_report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult
+from minikv.bench_systems import Completion, KVUsage
+from minikv.checkpoint import to_hf_model
+from minikv.disagg.switches import SafetySwitches
+from minikv.model import Llama, ModelConfig
+from minikv.tokenizer import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_random():
+    """A 2-layer random Llama over the shipped vocabulary, with room for the whole context window.
+
+    One thread: a model this small gains nothing from more, and loses a lot when the cores are busy.
+    """
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
+                      num_kv_heads=1, head_dim=8, max_position_embeddings=1024)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield Llama(cfg).eval(), tok
+    torch.set_num_threads(threads)
+
+
+def fake_report(**overrides) -> BenchReport:
+    report = BenchReport("cpu (test)", "a test machine", "python -m minikv bench", 2, 1)
+    for name in ("hf_sequential", "hf_padded", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
+        report.results[name] = SystemResult(tokens=100, wall_s=1.0, ttft_p50_s=0.1, ttft_p99_s=0.2)
+    report.step_s = {"paged": 0.011, "contiguous": 0.010}
+    report.kv = {"paged": KVUsage(1000, 970, 10, 1024), "contiguous": KVUsage(1000, 300, 10, 1024)}
+    for key, value in overrides.items():
+        setattr(report, key, value)
+    return report
+
+
+def test_workload_is_deterministic():
+    """The same seed gives the same requests; another seed gives others."""
+    assert bench_workload(16, seed=3) == bench_workload(16, seed=3)
+    assert bench_workload(16, seed=3) != bench_workload(16, seed=4)
+
+
+def test_workload_mixes_prompt_and_output_lengths():
+    """Prompts and output budgets both vary, and every prompt is one line ending in a newline."""
+    workload = bench_workload(32)
+    assert len(workload) == 32
+    assert len({len(r.prompt) for r in workload}) > 10
+    assert len({r.max_tokens for r in workload}) > 1
+    assert all(r.prompt.endswith("\n") and r.prompt.count("\n") == 1 for r in workload)
+
+
+def test_equality_check_finds_a_mismatching_output():
+    """One different completion is reported by its index, and the report then says outputs differ."""
+    reference = [Completion("saved pin 1234.", 16), Completion("saved nothing.", 15)]
+    wrong = [Completion("saved pin 1234.", 16), Completion("saved pin 9999.", 16)]
+    assert mismatches(reference, list(reference)) == []
+    assert mismatches(reference, wrong) == [1]
+    assert mismatches(reference, [reference[0], Completion("saved nothing.", 14)]) == [1]  # same text, other count
+    report = fake_report(mismatched={"hf_padded": [1]})
+    assert report.outputs_equal is False and report.to_json()["outputs_equal"] is False
+
+
+def test_completion_stops_where_the_engine_stops():
+    """Generated ids are cut after the first EOS and at max_tokens; the EOS counts but is not text."""
+    tok = build_char_tokenizer()
+    ids = tok.encode("ok", add_special_tokens=False) + [tok.eos_token_id] + tok.encode("zz", add_special_tokens=False)
+    assert systems.completion(tok, ids, 10) == Completion("ok", 3)
+    assert systems.completion(tok, ids, 1) == Completion("o", 1)
+
+
+def test_json_has_exactly_the_issue_keys():
+    """device, tokens_per_s, ratios (five), kv_waste (paged, contiguous) as fractions, outputs_equal."""
+    data = fake_report().to_json()
+    assert tuple(data) == JSON_KEYS
+    assert set(data["ratios"]) == set(RATIO_KEYS)
+    assert set(data["kv_waste"]) == {"paged", "contiguous"}
+    assert data["kv_waste"]["paged"] == pytest.approx(0.03) and data["kv_waste"]["contiguous"] == pytest.approx(0.7)
+    assert data["ratios"]["paged_over_contiguous_step"] == pytest.approx(1.1)
+    assert isinstance(data["device"], str) and data["outputs_equal"] is True
+
+
+def test_json_reports_generate_batch_ratio_as_null_when_unavailable():
+    """Without transformers' continuous batching the ratio is null, and the table says why."""
+    report = fake_report(unavailable={"hf_generate_batch": "not in this version"})
+    del report.results["hf_generate_batch"]
+    assert report.to_json()["ratios"]["vs_hf_generate_batch"] is None
+    assert "unavailable: not in this version" in report.table()
+
+
+def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):
+    """hf one-by-one, hf padded, minikv contiguous and paged, and the safe pair return the same completions."""
+    model, tok = tiny_random
+    workload = bench_workload(3, seed=1)
+    hf = to_hf_model(model, tok)
+    reference = systems.hf_sequential(hf, tok, workload).completions
+    assert all(1 <= c.tokens <= r.max_tokens for c, r in zip(reference, workload))
+    for run in (systems.hf_padded(hf, tok, workload), systems.minikv_contiguous(model, tok, workload),
+                systems.minikv_paged(model, tok, workload),
+                systems.pair(model, tok, workload, SafetySwitches.preset("safe"))):
+        assert mismatches(reference, run.completions) == []
+
+
+def test_run_bench_end_to_end_json(tiny_random):
+    """A whole (tiny) run gives the issue's JSON, with every system measured and outputs equal."""
+    model, tok = tiny_random
+    report = run_bench(model, tok, BenchSettings(num_requests=2, repeats=1, step_iters=1), progress=False)
+    data = report.to_json()
+    assert tuple(data) == JSON_KEYS and data["outputs_equal"] is True
+    assert {"hf_sequential", "hf_padded", "minikv_contiguous", "minikv_paged", "pair_safe",
+            "pair_vulnerable"} <= set(data["tokens_per_s"])
+    assert all(0 <= w < 1 for w in data["kv_waste"].values())

@@ -6,8 +6,8 @@ What it does, in order:
    request by request, as transformers' own one-at-a-time `generate` does: a system that is
    fast and wrong has no throughput;
 3. times each system several more times, interleaved, and keeps the median;
-4. times one decode step of the same batch on the paged pool and on a contiguous cache; the
-   KV memory each layout reserves against what it uses comes from the checked runs.
+4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
+   counts (memory.py) the KV memory each layout reserves against what the requests filled.
 
 The runners live in bench_systems.py, the report (table, JSON, targets) in bench_report.py,
 the figure in bench_plot.py; this file owns the workload, the checks and the measurements.
@@ -31,6 +31,7 @@ from minikv.bench_report import BenchReport, describe_machine, summarize
 from minikv.bench_systems import BenchRequest, Completion, Run
 from minikv.contiguous_cache import ContiguousCache
 from minikv.disagg.switches import SafetySwitches
+from minikv.memory import KVMemoryUse, contiguous_use, paged_use
 from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.paged_attention import PagedStep, SeqSlice
@@ -69,6 +70,25 @@ def mismatches(reference: list[Completion], candidate: list[Completion]) -> list
     if len(reference) != len(candidate):
         raise ValueError(f"{len(candidate)} completions for {len(reference)} requests")
     return [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
+
+
+# -- KV memory: reserved against filled ---------------------------------------------------------------
+def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], completions: list[Completion],
+              page_size: int = PAGE_SIZE, context_len: int = 1024) -> dict[str, KVMemoryUse]:
+    """Each request's K/V slots at its end against the slots three layouts hold for it then.
+
+    A request filled its prompt plus every generated token but the last (never fed back).
+    "paged": whole pages; "contiguous": a row of prompt + max_tokens, the tightest a
+    per-request max-length reservation can be; "contiguous_window": a row of the whole
+    context window, for a server that cannot trust max_tokens.
+    """
+    prompts = systems.prompt_ids(tokenizer, workload)
+    kv_lens = [len(p) + c.tokens - 1 for p, c in zip(prompts, completions)]
+    return {
+        "paged": paged_use(kv_lens, page_size),
+        "contiguous": contiguous_use(kv_lens, [len(p) + r.max_tokens for p, r in zip(prompts, workload)]),
+        "contiguous_window": contiguous_use(kv_lens, context_len, "contiguous_window"),
+    }
 
 
 # -- one decode step, paged against contiguous ----------------------------------------------------
@@ -191,7 +211,7 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
                 runs[name].append(run)
                 bar.update()
         report.results = {name: summarize(rs) for name, rs in runs.items()}
-        report.kv = {"paged": first["minikv_paged"].kv, "contiguous": first["minikv_contiguous"].kv}
+        report.kv = kv_memory(tokenizer, workload, reference)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
         bar.update()

@@ -31,14 +31,17 @@ def bench_figure(report: BenchReport):
     ax_tps.set_title(f"throughput, {report.num_requests} requests, greedy")
 
     names = list(report.kv)
-    reserved = [report.kv[n].mean_mib(report.kv[n].reserved_slot_steps) for n in names]
-    used = [report.kv[n].mean_mib(report.kv[n].used_slot_steps) for n in names]
-    ax_kv.bar(names, reserved, color="#d9d9d9", label="reserved")
-    ax_kv.bar(names, used, color=MINIKV, label="holding tokens")
+    reserved = [report.kv[n].reserved_tokens for n in names]
+    used = [report.kv[n].used_tokens for n in names]
+    labels = [{"paged": "paged\n(whole pages)", "contiguous": "contiguous\n(prompt + max_tokens)",
+               "contiguous_window": "contiguous\n(context window)"}.get(n, n) for n in names]
+    ax_kv.bar(labels, reserved, color="#d9d9d9", label="reserved")
+    ax_kv.bar(labels, used, color=MINIKV, label="filled with K/V")
     for x, n in enumerate(names):
         ax_kv.text(x, reserved[x], f"{report.kv[n].waste:.0%} wasted", ha="center", va="bottom", fontsize=9)
-    ax_kv.set_ylabel("KV memory, MiB (mean over the run)")
-    ax_kv.set_title("KV cache: reserved vs used")
+    ax_kv.set_yscale("log")
+    ax_kv.set_ylabel("KV slots (tokens), every request at its end")
+    ax_kv.set_title("KV cache: reserved vs filled")
     ax_kv.legend(loc="upper left", fontsize=8)
 
     base = report.results.get("pair_vulnerable")

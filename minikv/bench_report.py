@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minikv.bench_systems import KVUsage, Run
+from minikv.bench_systems import Run
+from minikv.memory import KVMemoryUse
 
 JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
 RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
@@ -58,7 +59,7 @@ class BenchReport:
     unavailable: dict[str, str] = field(default_factory=dict)  # system -> why it did not run
     mismatched: dict[str, list[int]] = field(default_factory=dict)  # system -> requests unlike the reference
     step_s: dict[str, float] = field(default_factory=dict)  # "paged", "contiguous"
-    kv: dict[str, KVUsage] = field(default_factory=dict)  # "paged", "contiguous"
+    kv: dict[str, KVMemoryUse] = field(default_factory=dict)  # "paged", "contiguous", "contiguous_window"
 
     @property
     def outputs_equal(self) -> bool:
@@ -83,7 +84,7 @@ class BenchReport:
             "device": self.device,
             "tokens_per_s": {name: r.tokens_per_s for name, r in self.results.items()},
             "ratios": self.ratios(),
-            "kv_waste": {name: usage.waste for name, usage in self.kv.items()},
+            "kv_waste": {name: self.kv[name].waste for name in ("paged", "contiguous")},
             "outputs_equal": self.outputs_equal,
         }
 
@@ -118,11 +119,12 @@ class BenchReport:
                          f"{res.ttft_p99_s * 1e3:,.0f} | {same} |")
         for name, why in self.unavailable.items():
             lines.append(f"| {name} | unavailable: {why} | | | | |")
-        lines += ["", "| KV cache | reserved (MiB, mean) | used (MiB, mean) | waste |", "| --- | ---: | ---: | ---: |"]
-        for name, usage in self.kv.items():
-            label = "paged pool (pages held)" if name == "paged" else "contiguous (max-length row per request)"
-            lines.append(f"| {label} | {usage.mean_mib(usage.reserved_slot_steps):.2f} | "
-                         f"{usage.mean_mib(usage.used_slot_steps):.2f} | {usage.waste:.1%} |")
+        labels = {"paged": "paged pool: whole pages", "contiguous": "contiguous: a row of prompt + max_tokens",
+                  "contiguous_window": "contiguous: a row of the context window"}
+        lines += ["", "| KV cache, each request at its end | slots reserved | slots filled | waste |",
+                  "| --- | ---: | ---: | ---: |"]
+        for name, use in self.kv.items():
+            lines.append(f"| {labels.get(name, name)} | {use.reserved_tokens:,} | {use.used_tokens:,} | {use.waste:.1%} |")
         lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
                       f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", "",
                   "| target | measured | met |", "| --- | ---: | :---: |"]

@@ -52,24 +52,6 @@ class Completion:
     tokens: int
 
 
-@dataclass(frozen=True)
-class KVUsage:
-    """Slots held for live requests and slots holding their tokens, summed over every model step."""
-
-    reserved_slot_steps: int
-    used_slot_steps: int
-    steps: int
-    bytes_per_token: int
-
-    @property
-    def waste(self) -> float:
-        """Fraction of the reserved KV memory that held no token, averaged over the run."""
-        return 1 - self.used_slot_steps / self.reserved_slot_steps
-
-    def mean_mib(self, slot_steps: int) -> float:
-        return slot_steps / self.steps * self.bytes_per_token / 2**20
-
-
 @dataclass
 class Run:
     """One pass of one system over the workload."""
@@ -77,7 +59,6 @@ class Run:
     completions: list[Completion]
     ttft_s: list[float]  # per request, from the moment the workload was handed over
     wall_s: float
-    kv: KVUsage | None = None  # minikv's own caches only
 
     @property
     def tokens(self) -> int:
@@ -214,35 +195,22 @@ def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload
                                    tokenizer.eos_token_id)
     wall = time.perf_counter() - start
     completions = [completion(tokenizer, ids, r.max_tokens) for ids, r in zip(result.output_ids, workload)]
-    steps = len(result.used_slot_steps)
-    kv = KVUsage(result.reserved_slots * steps, sum(result.used_slot_steps), steps, model.config.kv_bytes_per_token)
-    return Run(completions, result.first_token_s, wall, kv)
+    return Run(completions, result.first_token_s, wall)
 
 
 def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                  page_size: int = 16, scrub_on_free: bool = False) -> Run:
-    """The paged engine, with audit and event log off, and a pool that holds the whole workload.
-
-    It steps the engine as `Engine.run` does, and after each step adds up the pages its live
-    requests hold against the tokens they have cached (a few microseconds a step).
-    """
+    """The paged engine, with audit and event log off, and a pool that holds the whole workload."""
     config = EngineConfig(page_size=page_size, num_pages=pages_to_hold(tokenizer, workload, page_size),
                           audit=False, event_log=False)
     engine = Engine(model, tokenizer, config, scrub_on_free=scrub_on_free)
-    reserved = used = steps = 0
     start = time.perf_counter()
     ids = [engine.submit(Request(r.prompt, TENANT, r.max_tokens)) for r in workload]
-    while engine.has_work():
-        engine.step()
-        running = engine.scheduler.running
-        reserved += sum(len(s.block_table) for s in running) * page_size
-        used += sum(s.num_cached for s in running)
-        steps += 1
+    engine.run()
     wall = time.perf_counter() - start
     seqs = [engine.seqs[i] for i in ids]
     completions = [completion(tokenizer, s.output_ids, s.max_tokens) for s in seqs]
-    kv = KVUsage(reserved, used, steps, model.config.kv_bytes_per_token)
-    return Run(completions, [s.arrival_s - start + s.first_token_s for s in seqs], wall, kv)
+    return Run(completions, [s.arrival_s - start + s.first_token_s for s in seqs], wall)
 
 
 def pair_config(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], page_size: int = 16) -> ClusterConfig:

@@ -11,8 +11,7 @@ and how much memory sits reserved for tokens that never come.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +26,6 @@ class StaticBatchResult:
     output_ids: list[list[int]]
     first_token_s: list[float]
     reserved_slots: int  # rows x max_len, held from the first step to the last
-    used_slot_steps: list[int] = field(default_factory=list)  # per step: tokens cached by live rows
 
 
 @torch.inference_mode()
@@ -36,7 +34,6 @@ def generate_static_batch(
     prompts: list[list[int]],
     max_tokens: list[int],
     eos_id: int | None,
-    on_step: Callable[[], None] | None = None,
 ) -> StaticBatchResult:
     """Greedy generation for a whole batch over one contiguous row per request.
 
@@ -44,7 +41,6 @@ def generate_static_batch(
         prompts: each request's prompt token ids.
         max_tokens: each request's output budget (the EOS counts as a token, as in the engine).
         eos_id: the token that ends a request early.
-        on_step: called after every forward (a progress hook; no arguments).
     """
     assert len(prompts) == len(max_tokens) and prompts, "one max_tokens per prompt, at least one prompt"
     device, start = model.device, time.perf_counter()
@@ -53,15 +49,9 @@ def generate_static_batch(
     cache = ContiguousCache(model.config, rows, max_len, device, model.dtype)
     outputs: list[list[int]] = [[] for _ in range(rows)]
     first_token_s = [0.0] * rows
-    result = StaticBatchResult(outputs, first_token_s, rows * max_len)
 
     def done(r: int) -> bool:
-        return bool(outputs[r]) and (outputs[r][-1] == eos_id or len(outputs[r]) >= max_tokens[r])
-
-    def record() -> None:  # what the live rows hold; a finished row's slots are dead weight
-        result.used_slot_steps.append(sum(n for r, n in enumerate(cache.seq_lens) if not done(r)))
-        if on_step:
-            on_step()
+        return outputs[r][-1] == eos_id or len(outputs[r]) >= max_tokens[r]
 
     for r in range(rows):  # prefill: one request at a time, so no row needs padding
         step = cache.step([r], len(prompts[r]))
@@ -70,7 +60,6 @@ def generate_static_batch(
         step.commit()
         outputs[r].append(int(logits[0, -1].argmax()))
         first_token_s[r] = time.perf_counter() - start
-        record()
     live = [r for r in range(rows) if not done(r)]
     while live:  # decode: one token for every unfinished row
         step = cache.step(live, 1)
@@ -80,5 +69,4 @@ def generate_static_batch(
         for r, nxt in zip(live, logits[:, -1].argmax(-1).tolist()):
             outputs[r].append(nxt)
         live = [r for r in live if not done(r)]
-        record()
-    return result
+    return StaticBatchResult(outputs, first_token_s, rows * max_len)

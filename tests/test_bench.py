@@ -8,7 +8,8 @@ import torch
 from minikv import bench_systems as systems
 from minikv.bench import BenchSettings, bench_workload, mismatches, run_bench
 from minikv.bench_report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult
-from minikv.bench_systems import Completion, KVUsage
+from minikv.bench_systems import Completion
+from minikv.memory import contiguous_use, paged_use
 from minikv.checkpoint import to_hf_model
 from minikv.disagg.switches import SafetySwitches
 from minikv.model import Llama, ModelConfig
@@ -36,7 +37,8 @@ def fake_report(**overrides) -> BenchReport:
     for name in ("hf_sequential", "hf_padded", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
         report.results[name] = SystemResult(tokens=100, wall_s=1.0, ttft_p50_s=0.1, ttft_p99_s=0.2)
     report.step_s = {"paged": 0.011, "contiguous": 0.010}
-    report.kv = {"paged": KVUsage(1000, 970, 10, 1024), "contiguous": KVUsage(1000, 300, 10, 1024)}
+    report.kv = {"paged": paged_use([97, 97], 4), "contiguous": contiguous_use([97, 97], 150),
+                 "contiguous_window": contiguous_use([97, 97], 1000)}
     for key, value in overrides.items():
         setattr(report, key, value)
     return report
@@ -82,7 +84,7 @@ def test_json_has_exactly_the_issue_keys():
     assert tuple(data) == JSON_KEYS
     assert set(data["ratios"]) == set(RATIO_KEYS)
     assert set(data["kv_waste"]) == {"paged", "contiguous"}
-    assert data["kv_waste"]["paged"] == pytest.approx(0.03) and data["kv_waste"]["contiguous"] == pytest.approx(0.7)
+    assert data["kv_waste"] == {"paged": pytest.approx(3 / 100), "contiguous": pytest.approx(53 / 150)}
     assert data["ratios"]["paged_over_contiguous_step"] == pytest.approx(1.1)
     assert isinstance(data["device"], str) and data["outputs_equal"] is True
 

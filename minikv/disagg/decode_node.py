@@ -86,10 +86,12 @@ class DecodeNode:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self, step: int) -> None:
+        """One tick. The running batch decodes first; requests whose KV arrived join it on the
+        next tick (the batch is formed when the step starts)."""
         self._release_settled(step)
         self._prealloc(step)
-        self._poll_transfers(step)
         self._decode(step)
+        self._poll_transfers(step)
 
     def _prealloc(self, step: int) -> None:
         for seq in list(self.prealloc_queue):

@@ -29,7 +29,7 @@ from minikv.workload import Note, check_secret, document_sentence, long_document
 SCENARIOS = ("over-length", "late-write")
 DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4"}
 BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
-MAX_TOKENS = 48
+MAX_TOKENS = 64
 
 
 @dataclass
@@ -94,7 +94,7 @@ def over_length(cluster: Cluster, switches: SafetySwitches, secret: str, rng: ra
 
 
 CAROL_PROMPT_CHARS = 600  # 38 pages: one uncapped batch takes 39 ticks, past the 16-tick timeout
-DAVE_ARRIVAL_AFTER_ABORT = 12  # ticks: Dave's own KV lands one tick before Carol's late batch
+DAVE_ARRIVAL_AFTER_ABORT = 13  # ticks: Dave's own KV lands one tick before Carol's late batch
 
 
 def late_write(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:

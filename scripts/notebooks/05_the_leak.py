@@ -29,7 +29,7 @@ from minikv.checkpoint import load_model
 from minikv.config import EngineConfig
 from minikv.disagg.cluster import ClusterConfig
 from minikv.disagg.prefill_node import PrefillNode
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.disagg.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
 from minikv.exercises_disagg import check_output_test
@@ -104,7 +104,7 @@ reserved = log.events[find_event(log, "allocate", request_id="bob-1", node="deco
 landed = [e for e in log.for_request("bob-1") if e.kind == "write" and "KV transfer landed" in e.detail]
 print(reserved.detail)
 print(f"pages that received KV from prefill: {[list(e.pages) for e in landed]}")
-assert len(reserved.pages) == -(-(BOB_PROMPT_CHARS + 48) // 16) and sum(len(e.pages) for e in landed) == 1
+assert len(reserved.pages) == -(-(BOB_PROMPT_CHARS + MAX_TOKENS) // 16) and sum(len(e.pages) for e in landed) == 1
 """),
     md("""
 ## Whose pages?

@@ -62,7 +62,8 @@ Same tokens. The difference is the work. Let us time both on a longer prompt: a 
 read, then a note.
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (timings vary from run to run; the assertion does not)
+# NBVAL_IGNORE_OUTPUT
+# (timings vary from run to run; the assertion does not)
 long_prompt = "bob: read " + "the quarterly report on cache memory and page tables " * 8 + "save pin 0912.\\n"
 long_ids = tok.encode(long_prompt)
 
@@ -101,7 +102,8 @@ for n, a, b in zip(lengths, plain, cached_cost):
 assert all(a / b > 20 for a, b in zip(plain, cached_cost))
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (measured times)
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
 def step_time(n_tokens, use_cache, repeats=5):
     x = torch.tensor(tok.encode(("read the report " * 80)[:n_tokens]))
     if use_cache:

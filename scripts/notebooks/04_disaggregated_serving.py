@@ -116,7 +116,8 @@ A client sees two latencies: the **time to first token** (TTFT: queueing, prefil
 **time per output token** (TPOT: one decode step each). Disaggregation exists to control both separately.
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (measured times)
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
 for tenant, rid in ids.items():
     r = pair.responses[rid]
     gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]

@@ -155,7 +155,8 @@ From outside, only one thing gave it away: the reply came back faster than a pro
 single node really prefills 800 tokens before it answers; the leaked reply only prefilled one.
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (measured times)
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
 single = Engine(model, tok, EngineConfig(num_pages=64, context_len=1024))
 honest = single.generate([long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))], max_tokens=1)[0]
 print(f"bob via the vulnerable pair: ttft {bob.ttft_s * 1e3:.1f} ms; the same prompt prefilled on one node: "

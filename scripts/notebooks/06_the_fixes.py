@@ -119,7 +119,8 @@ switch, and compare the time with the vulnerable preset alone. The numbers vary 
 to machine; `python -m minikv bench` measures them with repeats.
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (measured times)
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
 prompts = [note_prompt(t, Note("pin", f"{i:04d}")) for i, t in enumerate(["alice", "bob", "carol", "dave"] * 4)]
 roomy = ClusterConfig(prefill_pages=128, decode_pages=256, event_log=False, audit=False)
 
@@ -140,7 +141,8 @@ for name, ratio in costs.items():
 assert all(ratio > 0 for ratio in costs.values())
 """),
     code("""
-# NBVAL_IGNORE_OUTPUT  (measured times)
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
 fig, ax = plt.subplots(figsize=(6, 2.8))
 ax.barh(list(costs), list(costs.values()), color="#0072B2")
 ax.axvline(1.0, color="black", lw=0.8)

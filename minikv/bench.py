@@ -138,18 +138,25 @@ class BenchSettings:
     """How much to measure. `quick()` fits in under a minute on a 2-core CPU."""
 
     num_requests: int = 32
-    repeats: int = 5  # timed runs per system after the warm-up; the median counts
+    repeats: int = 5  # timed runs per system after the checked one; the median counts
     step_iters: int = 30  # timed decode steps per layout
     seed: int = 0
+    time_checked_run: bool = False  # quick: the checked run is the (only) timed one
 
     def __post_init__(self) -> None:
-        if self.num_requests < 1 or self.repeats < 1 or self.step_iters < 1:
-            raise ValueError(f"num_requests, repeats and step_iters must be >= 1, got {self.num_requests}, "
-                             f"{self.repeats}, {self.step_iters}")
+        if self.num_requests < 1 or self.repeats < 0 or self.step_iters < 1:
+            raise ValueError(f"num_requests and step_iters must be >= 1 and repeats >= 0, got {self.num_requests}, "
+                             f"{self.step_iters}, {self.repeats}")
+        if self.repeats == 0 and not self.time_checked_run:
+            raise ValueError("repeats=0 leaves nothing to time: give repeats >= 1 or time_checked_run=True")
 
     @classmethod
     def quick(cls, num_requests: int = 32, seed: int = 0) -> "BenchSettings":
-        return cls(num_requests=num_requests, repeats=1, step_iters=10, seed=seed)
+        return cls(num_requests=num_requests, repeats=0, step_iters=5, seed=seed, time_checked_run=True)
+
+    @property
+    def timed_runs(self) -> int:
+        return self.repeats + int(self.time_checked_run)
 
 
 def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict[str, Callable[[list[BenchRequest]], Run]]:
@@ -173,13 +180,23 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict
 
 def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
-    """Check every system's outputs, then time them; see the module docstring."""
+    """Check every system's outputs, then time them; see the module docstring.
+
+    Every system first runs the first two requests (a warm-up), then the whole workload once:
+    those completions are compared with hf_sequential's. Then `repeats` more runs of every
+    system, interleaved so that drift in the machine hits all of them alike, are timed; with
+    `time_checked_run` (--quick) the checked run is timed too. Times are read only once the
+    comparison is done; a system whose outputs differ is reported as such.
+    """
     from tqdm.auto import tqdm
 
     from minikv.checkpoint import to_hf_model
 
     device, machine = describe_machine(model.device)
-    report = BenchReport(device, machine, command, settings.num_requests, settings.repeats)
+    timing = (f"median of {settings.timed_runs} timed runs per system" if settings.timed_runs > 1 else
+              "one timed run per system") + (", the checked run included" if settings.time_checked_run else
+                                             ", after a warm-up and the checked run")
+    report = BenchReport(device, machine, command, settings.num_requests, timing)
     workload = bench_workload(settings.num_requests, settings.seed)
     hf = to_hf_model(model, tokenizer).to(model.device)
     runners = system_runners(model, tokenizer, hf)
@@ -187,30 +204,33 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     if problem:
         report.unavailable["hf_generate_batch"] = problem
         del runners["hf_generate_batch"]
-    with tqdm(total=len(runners) * (1 + settings.repeats) + 1, desc="bench", unit="run", file=sys.stderr,
+    with tqdm(total=len(runners) * (2 + settings.repeats) + 1, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
-        first: dict[str, Run] = {}
-        for name, run in runners.items():  # 1. warm-up, and the outputs that are checked
+        checked: dict[str, Run] = {}
+        for name, run in runners.items():  # 1. warm-up, then the run whose outputs are checked
             bar.set_postfix_str(name)
+            before = bar.n
             try:
-                first[name] = run(workload)
-            except Exception as e:  # only transformers' batching may fail and be reported
+                run(workload[:2])
+                bar.update()
+                checked[name] = run(workload)
+                bar.update()
+            except Exception as e:  # only transformers' batching may fail, and is then reported
                 if name != "hf_generate_batch":
                     raise
                 report.unavailable[name] = f"{type(e).__name__}: {e}"
-                bar.total -= settings.repeats
-            bar.update()
-        reference = first["hf_sequential"].completions
-        report.mismatched = {name: mismatches(reference, run.completions) for name, run in first.items()}
-        runs: dict[str, list[Run]] = {name: [] for name in first}
-        for _ in range(settings.repeats):  # 2. timed, interleaved so that drift hits every system
-            for name in runs:
+                bar.update(2 + settings.repeats - (bar.n - before))  # the runs it will not have
+        reference = checked["hf_sequential"].completions
+        report.mismatched = {name: mismatches(reference, run.completions) for name, run in checked.items()}
+        timed: dict[str, list[Run]] = {name: [run] if settings.time_checked_run else [] for name, run in checked.items()}
+        for _ in range(settings.repeats):  # 2. timed, interleaved
+            for name in timed:
                 bar.set_postfix_str(name)
                 run = runners[name](workload)
                 report.mismatched[name] = sorted(set(report.mismatched[name]) | set(mismatches(reference, run.completions)))
-                runs[name].append(run)
+                timed[name].append(run)
                 bar.update()
-        report.results = {name: summarize(rs) for name, rs in runs.items()}
+        report.results = {name: summarize(runs) for name, runs in timed.items()}
         report.kv = kv_memory(tokenizer, workload, reference)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
@@ -219,19 +239,22 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
 
 
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
-    """`python -m minikv bench`: run, print the table or the JSON, write the figure. 1 if outputs differ."""
+    """`python -m minikv bench`: run, print the table or the JSON, write the figure. 1 if outputs differ.
+
+    One intra-op thread by default: the model is tiny, and on a 2-core machine a second OpenMP
+    thread makes every step wait whenever anything else runs (10x slower steps, measured).
+    """
     import json
 
-    if args.quick:
-        settings = BenchSettings.quick(args.requests, args.seed)
-    else:
-        settings = BenchSettings(num_requests=args.requests, seed=args.seed)
+    torch.set_num_threads(args.threads)
+    settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
     if args.repeats is not None:
-        settings = BenchSettings(settings.num_requests, args.repeats, settings.step_iters, settings.seed)
-    command = "python -m minikv bench" + "".join(
-        f" {flag}" for flag, on in (("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
-                                    (f"--repeats {args.repeats}", args.repeats is not None),
-                                    (f"--seed {args.seed}", args.seed != 0)) if on)
+        settings = BenchSettings(settings.num_requests, args.repeats, settings.step_iters, settings.seed,
+                                 settings.time_checked_run)
+    flags = [("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
+             (f"--repeats {args.repeats}", args.repeats is not None), (f"--seed {args.seed}", args.seed != 0),
+             (f"--threads {args.threads}", args.threads != 1)]
+    command = " ".join(["python -m minikv bench", *(flag for flag, on in flags if on)])
     started = time.perf_counter()
     report = run_bench(model, tokenizer, settings, command)
     if args.plot:
@@ -242,7 +265,7 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         print(report.table())
-        print(f"\n(benchmark took {time.perf_counter() - started:.0f} s)")
+        print(f"\n(the benchmark took {time.perf_counter() - started:.0f} s)")
     return 0 if report.outputs_equal else 1
 
 

@@ -54,7 +54,7 @@ class BenchReport:
     machine: str
     command: str
     num_requests: int
-    repeats: int
+    timing: str  # how the times were taken, for the table's first line
     results: dict[str, SystemResult] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)  # system -> why it did not run
     mismatched: dict[str, list[int]] = field(default_factory=dict)  # system -> requests unlike the reference
@@ -107,8 +107,7 @@ class BenchReport:
     def table(self) -> str:
         """The results as markdown, ready for the README."""
         ref = self.results.get("hf_sequential")
-        lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests, median of {self.repeats} "
-                 f"timed run(s) after a warm-up.", "",
+        lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]
         for name, res in self.results.items():

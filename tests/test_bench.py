@@ -33,7 +33,7 @@ def tiny_random():
 
 
 def fake_report(**overrides) -> BenchReport:
-    report = BenchReport("cpu (test)", "a test machine", "python -m minikv bench", 2, 1)
+    report = BenchReport("cpu (test)", "a test machine", "python -m minikv bench", 2, "one timed run per system")
     for name in ("hf_sequential", "hf_padded", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
         report.results[name] = SystemResult(tokens=100, wall_s=1.0, ttft_p50_s=0.1, ttft_p99_s=0.2)
     report.step_s = {"paged": 0.011, "contiguous": 0.010}

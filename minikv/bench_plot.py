@@ -33,8 +33,8 @@ def bench_figure(report: BenchReport):
     names = list(report.kv)
     reserved = [report.kv[n].reserved_tokens for n in names]
     used = [report.kv[n].used_tokens for n in names]
-    labels = [{"paged": "paged\npool", "contiguous": "row of\nprompt+max", "contiguous_window": "row of\nwindow"}.get(n, n)
-              for n in names]
+    labels = [{"paged": "paged\npool", "paged_half_pages": "half-size\npages", "contiguous": "row of\nprompt+max",
+               "contiguous_window": "row of\nwindow"}.get(n, n) for n in names]
     ax_kv.bar(labels, reserved, color="#d9d9d9", label="reserved")
     ax_kv.bar(labels, used, color=MINIKV, label="filled with K/V")
     for x, n in enumerate(names):

@@ -118,7 +118,8 @@ class BenchReport:
                          f"{res.ttft_p99_s * 1e3:,.0f} | {same} |")
         for name, why in self.unavailable.items():
             lines.append(f"| {name} | unavailable: {why} | | | | |")
-        labels = {"paged": "paged pool: whole pages", "contiguous": "contiguous: a row of prompt + max_tokens",
+        labels = {"paged": "paged pool: whole pages", "paged_half_pages": "paged pool, pages half as large",
+                  "contiguous": "contiguous: a row of prompt + max_tokens",
                   "contiguous_window": "contiguous: a row of the context window"}
         lines += ["", "| KV cache, each request at its end | slots reserved | slots filled | waste |",
                   "| --- | ---: | ---: | ---: |"]

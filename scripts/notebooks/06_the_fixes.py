@@ -29,6 +29,7 @@ from minikv.checkpoint import load_model
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
+from minikv.viz import find_event, page_map
 from minikv.workload import Note, note_prompt
 
 torch.manual_seed(0)
@@ -71,6 +72,19 @@ assert matrix["startup_check"]["over-length"] == "refused to start"
 assert matrix["scrub_on_free"]["over-length"].startswith("200 / safe")  # no secret, but still a 200
 assert matrix["(all: safe preset)"]["over-length"] == "refused to start"
 print("every switch closes exactly the path it was built for")
+"""),
+    md("""
+What `reject_check` changes, in the pools: the decode node still reserved Bob's pages over Alice's stale
+data (hatched), but the prefill gate retired the request, the transfer failed with the reason, and decode
+freed the reservation *without reading it*: no page is marked red.
+"""),
+    code("""
+fixed = run_scenario("over-length", model, tok, vulnerable.with_switches(enable=["reject_check"]), secret=SECRETS["over-length"])
+log = fixed.cluster.log
+retired = find_event(log, "finish", request_id="bob-1", node="decode")
+print(log.events[retired])
+assert fixed.cluster.decode_audit.violations == 0 and not log.of_kind("cross_read")
+page_map(log, {"prefill": 42, "decode": 125}, at=retired - 1, request="bob-1", page_size=16)
 """),
     md("""
 How to read it:

@@ -40,20 +40,22 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     """
     num_kv_heads = x.shape[-2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+    if num_kv_heads == num_heads:
+        return x  # plain multi-head attention: repeat_interleave(1) would still copy every key
     return x.repeat_interleave(num_heads // num_kv_heads, dim=-2)
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
     """Plain SDPA over gathered keys: the one kernel every backend ends in.
 
-    q: (B, T, H, D); k, v: (B, S, KVH, D); mask: (B, T, S) bool, True where a query may look.
-    Returns (B, T, H, D).
+    q: (B, T, H, D); k, v: (B, S, KVH, D); mask: (B, T, S) bool, True where a query may look,
+    or None when every query may see every key. Returns (B, T, H, D).
     """
     num_heads = q.shape[-2]
     k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)  # (B, S, H, D)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, H, T|S, D)
-        attn_mask=mask.unsqueeze(1),  # (B, 1, T, S)
+        attn_mask=None if mask is None else mask.unsqueeze(1),  # (B, 1, T, S)
     )  # (B, H, T, D)
     return out.transpose(1, 2)
 

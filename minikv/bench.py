@@ -19,7 +19,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -145,17 +145,19 @@ class BenchSettings:
     step_iters: int = 30  # timed decode steps per layout
     seed: int = 0
     time_checked_run: bool = False  # quick: the checked run is the (only) timed one
+    warmup_requests: int = 2  # each system first serves this many requests, untimed
 
     def __post_init__(self) -> None:
-        if self.num_requests < 1 or self.repeats < 0 or self.step_iters < 1:
-            raise ValueError(f"num_requests and step_iters must be >= 1 and repeats >= 0, got {self.num_requests}, "
-                             f"{self.step_iters}, {self.repeats}")
+        if min(self.num_requests, self.step_iters, self.warmup_requests) < 1 or self.repeats < 0:
+            raise ValueError(f"num_requests, step_iters and warmup_requests must be >= 1 and repeats >= 0, got "
+                             f"{self.num_requests}, {self.step_iters}, {self.warmup_requests}, {self.repeats}")
         if self.repeats == 0 and not self.time_checked_run:
             raise ValueError("repeats=0 leaves nothing to time: give repeats >= 1 or time_checked_run=True")
 
     @classmethod
     def quick(cls, num_requests: int = 32, seed: int = 0) -> "BenchSettings":
-        return cls(num_requests=num_requests, repeats=0, step_iters=5, seed=seed, time_checked_run=True)
+        return cls(num_requests=num_requests, repeats=0, step_iters=5, seed=seed, time_checked_run=True,
+                   warmup_requests=1)
 
     @property
     def timed_runs(self) -> int:
@@ -185,7 +187,7 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
     """Check every system's outputs, then time them; see the module docstring.
 
-    Every system first runs the first two requests (a warm-up), then the whole workload once:
+    Every system first serves the first request or two (a warm-up), then the whole workload once:
     those completions are compared with hf_sequential's. Then `repeats` more runs of every
     system, interleaved so that drift in the machine hits all of them alike, are timed; with
     `time_checked_run` (--quick) the checked run is timed too. Times are read only once the
@@ -214,7 +216,7 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
             bar.set_postfix_str(name)
             before = bar.n
             try:
-                run(workload[:2])
+                run(workload[: settings.warmup_requests])
                 bar.update()
                 checked[name] = run(workload)
                 bar.update()
@@ -252,8 +254,7 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     torch.set_num_threads(args.threads)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
     if args.repeats is not None:
-        settings = BenchSettings(settings.num_requests, args.repeats, settings.step_iters, settings.seed,
-                                 settings.time_checked_run)
+        settings = replace(settings, repeats=args.repeats)
     flags = [("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
              (f"--repeats {args.repeats}", args.repeats is not None), (f"--seed {args.seed}", args.seed != 0),
              (f"--threads {args.threads}", args.threads != 1)]

@@ -20,7 +20,7 @@ def bench_figure(report: BenchReport):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, (ax_tps, ax_kv, ax_sw) = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [1.2, 0.8, 1.0]})
+    fig, (ax_tps, ax_kv, ax_sw) = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.2, 0.8, 1.0]})
     main = [n for n in report.results if not n.startswith("pair_vulnerable+") and "+" not in n]
     tps = [report.results[n].tokens_per_s for n in main]
     colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
@@ -33,13 +33,14 @@ def bench_figure(report: BenchReport):
     names = list(report.kv)
     reserved = [report.kv[n].reserved_tokens for n in names]
     used = [report.kv[n].used_tokens for n in names]
-    labels = [{"paged": "paged\npool", "paged_half_pages": "half-size\npages", "contiguous": "row of\nprompt+max",
-               "contiguous_window": "row of\nwindow"}.get(n, n) for n in names]
+    labels = [{"paged": "pages", "paged_half_pages": "half-size\npages", "contiguous": "row:\nprompt+max",
+               "contiguous_window": "row:\nwindow"}.get(n, n) for n in names]
     ax_kv.bar(labels, reserved, color="#d9d9d9", label="reserved")
     ax_kv.bar(labels, used, color=MINIKV, label="filled with K/V")
     for x, n in enumerate(names):
         ax_kv.text(x, reserved[x], f"{report.kv[n].waste:.1%}\nwasted", ha="center", va="bottom", fontsize=8)
     ax_kv.set_ylim(0, max(reserved) * 1.2)
+    ax_kv.tick_params(axis="x", labelsize=8)
     ax_kv.set_ylabel("KV slots (tokens), each request at its end")
     ax_kv.set_title("KV cache: reserved vs filled")
     ax_kv.legend(loc="upper left", fontsize=8)
@@ -53,7 +54,7 @@ def bench_figure(report: BenchReport):
     ax_sw.axvline(0.9, color="red", lw=0.8, ls="--")
     for y, v in enumerate(rel[::-1]):
         ax_sw.text(0.02, y, f"{v:.2f}x", va="center", fontsize=8)
-    ax_sw.set_xlabel("throughput relative to the vulnerable pair (dashed: 0.9x)")
+    ax_sw.set_xlabel("relative to the vulnerable pair (dashed: 0.9x)")
     ax_sw.set_title("what each safety switch costs")
     fig.suptitle(report.machine, fontsize=8)
     fig.tight_layout()

@@ -50,6 +50,8 @@ def summarize(runs: list[Run]) -> SystemResult:
 
 @dataclass
 class BenchReport:
+    """Everything one benchmark run found, and the ways to show it."""
+
     device: str
     machine: str
     command: str
@@ -95,14 +97,13 @@ class BenchReport:
         def at_least(x: float | None, goal: float) -> tuple[str, bool | None]:
             return ("n/a", None) if x is None else (f"{x:.2f}x", x >= goal)
 
-        rows = [("paged >= 4x hf one-by-one", *at_least(r["vs_hf_sequential"], 4)),
+        return [("paged >= 4x hf one-by-one", *at_least(r["vs_hf_sequential"], 4)),
                 ("paged >= 1.5x hf padded batch", *at_least(r["vs_hf_padded"], 1.5)),
                 ("paged >= 1.0x hf generate_batch", *at_least(r["vs_hf_generate_batch"], 1.0)),
                 ("paged decode step <= 1.2x contiguous", f"{r['paged_over_contiguous_step']:.2f}x",
                  r["paged_over_contiguous_step"] <= 1.2),
                 ("paged KV waste <= 4%", f"{self.kv['paged'].waste:.1%}", self.kv["paged"].waste <= 0.04),
                 ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9))]
-        return rows
 
     def table(self) -> str:
         """The results as markdown, ready for the README."""

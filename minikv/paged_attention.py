@@ -37,41 +37,32 @@ class SeqSlice:
 class PagedStep:
     """Implements AttentionBackend for one forward over a batch of requests in a PagePool.
 
-    Queries arrive flat, (N, H, D) with N = sum of num_new; they are padded to (B, T, H, D),
-    the context is gathered to (B, S, KVH, D), and the result is flattened back.
+    Queries arrive flat, (N, H, D) with N = sum of num_new. Each request then reads exactly its
+    own context, (S_b, KVH, D) gathered through its block table, and attends over it: a batch
+    whose requests hold 30 and 600 tokens gathers 630 keys, not 2 x 600 padded ones (what a
+    varlen attention kernel does on a GPU in one launch).
     """
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
         self.pool, self.seqs, self.audit = pool, seqs, audit
         device = pool.kv.device
-        B = len(seqs)
-        T = max(s.num_new for s in seqs)
-        S = max(s.end for s in seqs)
         self.slot_mapping = torch.tensor(
             [slot for s in seqs for slot in pool.slots(s.block_table, s.start, s.end)], device=device
         )  # (N,) where each new token's K/V goes
-        gather = torch.zeros(B, S, dtype=torch.long)  # (B, S) slots of each context, 0-padded
-        q_index = torch.zeros(B, T, dtype=torch.long)  # (B, T) row of each query in the flat batch
-        q_valid = torch.zeros(B, T, dtype=torch.bool)
-        q_pos = torch.zeros(B, T, dtype=torch.long)
-        ctx_len = torch.zeros(B, dtype=torch.long)
-        offset = 0
-        for b, s in enumerate(seqs):
-            gather[b, : s.end] = torch.tensor(pool.slots(s.block_table, 0, s.end))
-            q_index[b, : s.num_new] = torch.arange(offset, offset + s.num_new)
-            q_valid[b, : s.num_new] = True
-            q_pos[b, : s.num_new] = torch.arange(s.start, s.end)
-            ctx_len[b] = s.end
-            offset += s.num_new
-        key_pos = torch.arange(S)
-        self.key_valid = (key_pos[None, :] < ctx_len[:, None]).to(device)  # (B, S)
-        # causal within the request; padded query rows may see key 0 so softmax stays finite
-        mask = key_pos[None, None, :] <= q_pos[:, :, None]  # (B, T, S)
-        self.mask = (mask & self.key_valid.cpu()[:, None, :]).to(device)
-        self.gather, self.q_index, self.q_valid = gather.to(device), q_index.to(device), q_valid.to(device)
-        self.flat_rows = q_valid.flatten().nonzero().flatten().to(device)  # (N,) valid rows of (B*T)
-        self.uids = torch.tensor([s.uid for s in seqs], device=device)
-        self.writer_uids = torch.tensor([s.uid for s in seqs for _ in range(s.num_new)], device=device)
+        self.context_slots = [torch.tensor(pool.slots(s.block_table, 0, s.end), device=device) for s in seqs]  # (S_b,)
+        # causal within the request; a single new token may see its whole context, so no mask
+        self.masks = [None if s.num_new == 1 else
+                      (torch.arange(s.end)[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)[None]
+                      for s in seqs]  # (1, T_b, S_b) or None
+        if audit is not None:  # the ledger checks every (request, slot) read, padded to (B, S)
+            S = max(s.end for s in seqs)
+            self.gather = torch.zeros(len(seqs), S, dtype=torch.long, device=device)  # (B, S), 0-padded
+            for b, slots in enumerate(self.context_slots):
+                self.gather[b, : len(slots)] = slots
+            ctx_len = torch.tensor([s.end for s in seqs], device=device)
+            self.key_valid = torch.arange(S, device=device)[None, :] < ctx_len[:, None]  # (B, S)
+            self.uids = torch.tensor([s.uid for s in seqs], device=device)
+            self.writer_uids = torch.tensor([s.uid for s in seqs for _ in range(s.num_new)], device=device)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.pool.flat(layer)  # (num_slots, KVH, D) views of the pool
@@ -80,9 +71,14 @@ class PagedStep:
         if layer == 0 and self.audit is not None:  # one ledger entry per slot, not per layer
             self.audit.record_writes(self.slot_mapping, self.writer_uids)
             self.audit.check_reads(self.uids, self.gather, self.key_valid)
-        keys, values = k_cache[self.gather], v_cache[self.gather]  # (B, S, KVH, D)
-        out = masked_attention(q[self.q_index], keys, values, self.mask)  # (B, T, H, D)
-        return out.flatten(0, 1)[self.flat_rows]  # (N, H, D)
+        outs, offset = [], 0
+        for s, slots, mask in zip(self.seqs, self.context_slots, self.masks):
+            keys = k_cache.index_select(0, slots)[None]  # (1, S_b, KVH, D)
+            values = v_cache.index_select(0, slots)[None]
+            queries = q[offset : offset + s.num_new][None]  # (1, T_b, H, D)
+            outs.append(masked_attention(queries, keys, values, mask)[0])  # (T_b, H, D)
+            offset += s.num_new
+        return torch.cat(outs)  # (N, H, D)
 
 
 def paged_attention_reference(pool: PagePool, layer: int, seqs: list[SeqSlice], q: Tensor, k: Tensor, v: Tensor) -> Tensor:

@@ -113,9 +113,17 @@ def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):
 def test_run_bench_end_to_end_json(tiny_random):
     """A whole (tiny) run gives the issue's JSON, with every system measured and outputs equal."""
     model, tok = tiny_random
-    report = run_bench(model, tok, BenchSettings(num_requests=2, repeats=1, step_iters=1), progress=False)
+    report = run_bench(model, tok, BenchSettings.quick(num_requests=2), progress=False)
     data = report.to_json()
     assert tuple(data) == JSON_KEYS and data["outputs_equal"] is True
     assert {"hf_sequential", "hf_padded", "minikv_contiguous", "minikv_paged", "pair_safe",
             "pair_vulnerable"} <= set(data["tokens_per_s"])
     assert all(0 <= w < 1 for w in data["kv_waste"].values())
+
+
+def test_settings_refuse_a_run_with_nothing_to_time():
+    """repeats=0 is only valid when the checked run itself is timed (--quick)."""
+    with pytest.raises(ValueError, match="nothing to time"):
+        BenchSettings(repeats=0)
+    quick = BenchSettings.quick()
+    assert quick.time_checked_run and quick.timed_runs == 1 and quick.num_requests == 32

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minikv.config import EngineConfig
-from minikv.disagg.checksum import adler32, adler32_reference
+from minikv.disagg.checksum import adler32, adler32_on_device, adler32_reference
 from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
@@ -30,9 +30,9 @@ def test_adler32_on_device_matches_zlib():
     g = torch.Generator().manual_seed(0)
     for n in (0, 1, 7, 5552, 70_000):
         data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
-        assert adler32(data) == adler32_reference(data)
+        assert adler32(data) == adler32_on_device(data) == adler32_reference(data)
     x = torch.randn(3, 5, 16, generator=g)
-    assert adler32(x) == adler32_reference(x)
+    assert adler32(x) == adler32_on_device(x) == adler32_reference(x)
 
 
 @pytest.mark.parametrize("secret", [SECRET, "4111 2222 3333 4444", "K"])

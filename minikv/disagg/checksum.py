@@ -18,7 +18,14 @@ MOD_ADLER = 65521
 
 
 def adler32(data: Tensor) -> int:
-    """Adler-32 of the tensor's bytes, computed with tensor ops on its device."""
+    """Adler-32 of the tensor's bytes: zlib on a CPU, tensor ops where the KV lives otherwise."""
+    if data.device.type == "cpu":  # zlib reads the bytes in place, in one pass; the tensor ops copy them to int64
+        return zlib.adler32(data.contiguous().view(torch.uint8).flatten().numpy())
+    return adler32_on_device(data)
+
+
+def adler32_on_device(data: Tensor) -> int:
+    """Adler-32 with tensor ops on the tensor's own device (the GPU path), no copy to the host."""
     b = data.contiguous().view(torch.uint8).flatten().to(torch.int64)  # (n,) bytes
     n = b.numel()
     if n == 0:

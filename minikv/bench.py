@@ -5,7 +5,8 @@ What it does, in order:
 2. runs every system once (the warm-up) and checks that they all return the same completions,
    request by request, as transformers' own one-at-a-time `generate` does: a system that is
    fast and wrong has no throughput;
-3. times each system several more times, interleaved, and keeps the median;
+3. times each system several more times, interleaved (every other repeat in reverse order), and
+   keeps the median; each ratio is the median of the ratios within one repeat;
 4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
    counts (memory.py) the KV memory each layout reserves against what the requests filled.
 
@@ -198,7 +199,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     from minikv.checkpoint import to_hf_model
 
     device, machine = describe_machine(model.device)
-    timing = (f"median of {settings.timed_runs} timed runs per system" if settings.timed_runs > 1 else
+    timing = (f"median of {settings.timed_runs} timed runs per system, ratios the median of the ratios within "
+              f"each repeat" if settings.timed_runs > 1 else
               "one timed run per system") + (", the checked run included" if settings.time_checked_run else
                                              ", after a warm-up and the checked run")
     report = BenchReport(device, machine, command, settings.num_requests, timing)
@@ -228,13 +230,14 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         reference = checked["hf_sequential"].completions
         report.mismatched = {name: mismatches(reference, run.completions) for name, run in checked.items()}
         timed: dict[str, list[Run]] = {name: [run] if settings.time_checked_run else [] for name, run in checked.items()}
-        for _ in range(settings.repeats):  # 2. timed, interleaved
-            for name in timed:
+        for repeat in range(settings.repeats):  # 2. timed, interleaved, every other repeat in reverse
+            for name in (list(timed) if repeat % 2 == 0 else list(reversed(timed))):
                 bar.set_postfix_str(name)
                 run = runners[name](workload)
                 report.mismatched[name] = sorted(set(report.mismatched[name]) | set(mismatches(reference, run.completions)))
                 timed[name].append(run)
                 bar.update()
+        report.runs = timed
         report.results = {name: summarize(runs) for name, runs in timed.items()}
         report.kv = kv_memory(tokenizer, workload, reference)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout

@@ -42,6 +42,11 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def median(values: list[float]) -> float:
+    """The middle value (the mean of the two middle ones for an even count)."""
+    return percentile(values, 50)
+
+
 def summarize(runs: list[Run]) -> SystemResult:
     """The run with the median wall time stands for the system."""
     run = sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
@@ -62,15 +67,24 @@ class BenchReport:
     mismatched: dict[str, list[int]] = field(default_factory=dict)  # system -> requests unlike the reference
     step_s: dict[str, float] = field(default_factory=dict)  # "paged", "contiguous"
     kv: dict[str, KVMemoryUse] = field(default_factory=dict)  # "paged", "contiguous", "contiguous_window"
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # system -> its timed runs, i-th from repeat i
 
     @property
     def outputs_equal(self) -> bool:
         return not any(self.mismatched.values())
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
+        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat.
+
+        Runs of the same repeat are seconds apart, so a machine that drifts (a shared host, a
+        clock that changes) slows both alike; the ratio of two medians would mix runs minutes apart.
+        """
         if of not in self.results or over not in self.results:
             return None
-        return self.results[of].tokens_per_s / self.results[over].tokens_per_s
+        pairs = list(zip(self.runs.get(of, []), self.runs.get(over, [])))
+        if not pairs:
+            return self.results[of].tokens_per_s / self.results[over].tokens_per_s
+        return median([(a.tokens / a.wall_s) / (b.tokens / b.wall_s) for a, b in pairs])
 
     def ratios(self) -> dict[str, float | None]:
         return {
@@ -107,12 +121,12 @@ class BenchReport:
 
     def table(self) -> str:
         """The results as markdown, ready for the README."""
-        ref = self.results.get("hf_sequential")
+        ref = "hf_sequential" if "hf_sequential" in self.results else None
         lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]
         for name, res in self.results.items():
-            vs = f"{res.tokens_per_s / ref.tokens_per_s:.2f}x" if ref else "-"
+            vs = f"{self.speedup(ref, of=name):.2f}x" if ref else "-"
             bad = self.mismatched.get(name, [])
             same = "yes" if not bad else f"no ({self.num_requests - len(bad)}/{self.num_requests})"
             lines.append(f"| {name} | {res.tokens_per_s:,.0f} | {vs} | {res.ttft_p50_s * 1e3:,.0f} | "

@@ -1,7 +1,8 @@
 """Train the shipped tiny Llama: a note-keeping assistant that copies from its context.
 
 `python -m minikv train` rebuilds data/tiny-llama from a seed in under half an hour on two CPU
-cores. Three phases, because learning everything at once from scratch stalls:
+cores (28 min measured, 2 threads, idle machine). Four phases, because learning everything at
+once from scratch stalls:
 
 0. *induction*: a random string, a newline, the same string again; loss on the repeat. Long
    strings (20-40 characters) give many copied tokens per sample, which is what makes the
@@ -16,6 +17,11 @@ cores. Three phases, because learning everything at once from scratch stalls:
    a position up to the whole context window away. Every segment attends only within itself,
    as it did when it was written; only the reply sees them all. Ordinary samples stay in the
    mix so the first skill is kept.
+3. *polish*: both kinds of sample at a lower learning rate, now with secrets made of repeated
+   runs (4111 2222 ...), which copying by the previous character alone gets wrong.
+
+The same seed gives the same weights on the same machine and thread count; a different thread
+count changes the order of float sums, so the weights differ slightly but copy just as well.
 """
 
 from __future__ import annotations

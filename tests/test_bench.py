@@ -7,7 +7,7 @@ import torch
 
 from minikv import bench_systems as systems
 from minikv.bench import BenchSettings, bench_workload, mismatches, run_bench
-from minikv.bench_report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult
+from minikv.bench_report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult, summarize
 from minikv.bench_systems import Completion
 from minikv.memory import contiguous_use, paged_use
 from minikv.checkpoint import to_hf_model
@@ -95,6 +95,20 @@ def test_json_reports_generate_batch_ratio_as_null_when_unavailable():
     del report.results["hf_generate_batch"]
     assert report.to_json()["ratios"]["vs_hf_generate_batch"] is None
     assert "unavailable: not in this version" in report.table()
+
+
+def test_ratios_pair_the_runs_of_each_repeat():
+    """A host that slows down between repeats slows both systems of a repeat alike: the ratio is
+    the median of per-repeat ratios (0.9 here), not the ratio of two medians (1.5)."""
+    def runs(walls):
+        return [systems.Run([Completion("x", 100)], [0.1], w) for w in walls]
+
+    safe, vulnerable = runs([1.0, 2.0, 10.0]), runs([0.9, 3.0, 9.0])
+    report = fake_report(runs={"pair_safe": safe, "pair_vulnerable": vulnerable})
+    report.results["pair_safe"] = summarize(safe)
+    report.results["pair_vulnerable"] = summarize(vulnerable)
+    assert report.results["pair_vulnerable"].wall_s / report.results["pair_safe"].wall_s == pytest.approx(1.5)
+    assert report.ratios()["safe_over_vulnerable"] == pytest.approx(0.9)
 
 
 def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):

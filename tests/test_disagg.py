@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from minikv.config import EngineConfig
-from minikv.disagg.checksum import adler32, adler32_on_device, adler32_reference
+from minikv.disagg.checksum import adler32, adler32_on_device, adler32_reference, kv_checksum, kv_checksum_reference
 from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
@@ -33,6 +35,27 @@ def test_adler32_on_device_matches_zlib():
         assert adler32(data) == adler32_on_device(data) == adler32_reference(data)
     x = torch.randn(3, 5, 16, generator=g)
     assert adler32(x) == adler32_on_device(x) == adler32_reference(x)
+
+
+def test_kv_checksum_page_by_page_matches_the_gathered_reference(tiny):
+    """zlib chained over pages in place equals Adler-32 of the gathered slots, partial last page
+    and scattered pages included; changing one byte of one token changes it."""
+    from minikv.page_pool import PagePool
+
+    model, _ = tiny
+    pool = PagePool(model.config, num_pages=12, page_size=4)
+    pool.kv.normal_(generator=torch.Generator().manual_seed(0))
+    rng = random.Random(0)
+    for num_tokens in (1, 3, 4, 5, 17, 48):
+        table = rng.sample(range(12), pool.pages_for(num_tokens))
+        assert kv_checksum(pool, table, num_tokens) == kv_checksum_reference(pool, table, num_tokens)
+    table = [7, 2, 9]
+    before = kv_checksum(pool, table, 10)
+    pool.kv[3, 1, 9, 1, 0, 0] += 1.0  # layer 3, V, page 9 row 1: token 9, inside the request
+    after = kv_checksum(pool, table, 10)
+    assert after != before
+    pool.kv[3, 1, 9, 2, 0, 0] += 1.0  # row 2 of the last page: token 10, outside it
+    assert kv_checksum(pool, table, 10) == after
 
 
 @pytest.mark.parametrize("secret", [SECRET, "4111 2222 3333 4444", "K"])

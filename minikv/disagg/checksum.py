@@ -42,7 +42,28 @@ def adler32_reference(data: Tensor) -> int:
 
 
 def kv_checksum(pool: PagePool, block_table: list[int], num_tokens: int) -> int:
-    """Checksum of the K/V of a request's first `num_tokens` tokens, every layer."""
+    """Checksum of the K/V of a request's first `num_tokens` tokens, every layer.
+
+    On a CPU, zlib runs over each page's bytes where they lie, chaining its running value from
+    page to page, so nothing is gathered or copied; it equals `kv_checksum_reference`, which
+    gathers the slots first (and is what runs on a GPU).
+    """
+    if pool.kv.device.type != "cpu":
+        return kv_checksum_reference(pool, block_table, num_tokens)
+    ps = pool.page_size
+    kv = pool.kv.view(torch.uint8).numpy()  # (L, 2, P, page, KVH, D * itemsize) bytes, shared storage
+    pages = block_table[: pool.pages_for(num_tokens)]
+    sums = [1, 1]  # Adler-32 of no bytes, for K and V
+    for layer in range(kv.shape[0]):
+        for kind in (0, 1):
+            for i, page in enumerate(pages):
+                rows = min(ps, num_tokens - i * ps)  # the last page may be partly filled
+                sums[kind] = zlib.adler32(kv[layer, kind, page, :rows], sums[kind])  # contiguous bytes
+    return sums[0] ^ sums[1]
+
+
+def kv_checksum_reference(pool: PagePool, block_table: list[int], num_tokens: int) -> int:
+    """The same checksum by gathering the request's slots into one tensor first."""
     slots = torch.tensor(pool.slots(block_table, 0, num_tokens), device=pool.kv.device)
     k, v = pool.flat_all()  # (L, num_slots, KVH, D) each
-    return adler32(k[:, slots]) ^ adler32(v[:, slots])
+    return adler32(k[:, slots]) ^ adler32(v[:, slots])  # bytes in (layer, token) order

@@ -170,6 +170,20 @@ byte twice. `kv_canary` writes every reserved page once more. `transfer_batch_ca
 per batch. `scrub_on_free` writes every freed page, which on a real GPU competes with the model for memory
 bandwidth, and is why engines do not do it.
 
+The benchmark measures the same costs on 32 requests, 5 interleaved repeats, next to `transformers`'
+own generation. This is the figure committed beside the README, from the machine that measured it
+(`python -m minikv bench --plot docs/bench.png`, about two minutes on 2 CPU cores):
+"""),
+    code("""
+from IPython.display import Image
+
+from minikv.checkpoint import REPO_ROOT
+
+figure = REPO_ROOT / "docs" / "bench.png"
+assert figure.exists(), f"{figure} is missing: run python -m minikv bench --plot docs/bench.png"
+Image(filename=str(figure), width=720)
+"""),
+    md("""
 ## Exercises
 
 **1.** The checksum compares what prefill *sent* with what decode *expected*. Write down what each side

@@ -192,6 +192,16 @@ def loss_on(model: Llama, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor,
     return loss, exact
 
 
+def optimizer_step(model: Llama, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int) -> tuple[float, float]:
+    """One training step on `samples`: loss, gradients clipped to norm 1, AdamW. Returns (loss, exact)."""
+    loss, exact = loss_on(model, collate(samples, pad_id))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item(), exact
+
+
 def model_config_for(cfg: TrainConfig, vocab_size: int) -> ModelConfig:
     return ModelConfig(
         vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
@@ -248,13 +258,9 @@ def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: P
                 leak_sample(rng, tok, cfg) if rng.random() < 0.6 else copy_sample(rng, tok, 120)
                 for _ in range(cfg.batch_size // 2)
             ]
-        loss, exact = loss_on(model, collate(samples, tok.pad_token_id))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, exact = optimizer_step(model, opt, samples, tok.pad_token_id)
         exact_avg = 0.9 * exact_avg + 0.1 * exact
-        bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}", phase=phase)
+        bar.set_postfix(loss=f"{loss:.3f}", exact=f"{exact_avg:.2f}", phase=phase)
         if cfg.save_phase1 and step == cfg.induction_steps + cfg.copy_steps - 1:
             save_checkpoint(model, tok, Path(str(out_dir) + "-copy-phase"))
     polish(model, tok, cfg, progress)
@@ -283,10 +289,6 @@ def polish(model: Llama, tok: PreTrainedTokenizerBase, cfg: TrainConfig, progres
             group["lr"] = cfg.polish_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / cfg.polish_steps)))
         samples = [leak_sample(rng, tok, cfg, cfg.polish_patterned) if rng.random() < 0.5
                    else copy_sample(rng, tok, 120, cfg.polish_patterned) for _ in range(cfg.batch_size // 2)]
-        loss, exact = loss_on(model, collate(samples, tok.pad_token_id))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, exact = optimizer_step(model, opt, samples, tok.pad_token_id)
         exact_avg = 0.9 * exact_avg + 0.1 * exact
-        bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}")
+        bar.set_postfix(loss=f"{loss:.3f}", exact=f"{exact_avg:.2f}")

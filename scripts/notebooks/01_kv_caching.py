@@ -1,6 +1,6 @@
 """Source of notebooks/01_kv_caching.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 cells = [
     md("""
@@ -186,15 +186,7 @@ print("transformers, with and without its cache, generates exactly our tokens:",
 **1.** Write `kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)`.
 The checker tries it on five model shapes, including a multi-query model with one KV head.
 """),
-    code("""
-def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
-    raise NotImplementedError  # your code here
-
-try:
-    check_kv_bytes_per_token(kv_bytes_per_token)
-except NotImplementedError:
-    print("not solved yet: write kv_bytes_per_token, then run this cell again")
-"""),
+    exercise("kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)", "check_kv_bytes_per_token"),
     solution("""
 # Solution
 def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
@@ -207,15 +199,7 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 through the model to generate `new_tokens` tokens after a `prompt_len`-token prompt? (The first
 new token comes out of the prefill; the last one is never fed back in.)
 """),
-    code("""
-def token_forwards(prompt_len, new_tokens, use_cache):
-    raise NotImplementedError  # your code here
-
-try:
-    check_forward_tokens(token_forwards)
-except NotImplementedError:
-    print("not solved yet: write token_forwards, then run this cell again")
-"""),
+    exercise("token_forwards(prompt_len, new_tokens, use_cache)", "check_forward_tokens"),
     solution("""
 # Solution
 def token_forwards(prompt_len, new_tokens, use_cache):

@@ -1,6 +1,6 @@
 """Source of notebooks/02_page_pools_and_block_tables.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 
 def figure(text):
@@ -386,15 +386,7 @@ page_map(engine.log, engine.pool.num_pages, page_size=16)
 `position` of a request with that block table. The checker compares it with `PagePool.slots` on
 eight block tables.
 """),
-    code("""
-def slot_of(block_table, page_size, position):
-    raise NotImplementedError  # your code here
-
-try:
-    check_slot_mapping(slot_of)
-except NotImplementedError:
-    print("not solved yet: write slot_of, then run this cell again")
-"""),
+    exercise("slot_of(block_table, page_size, position)", "check_slot_mapping"),
     solution("""
 # Solution
 def slot_of(block_table, page_size, position):
@@ -407,15 +399,7 @@ check_slot_mapping(slot_of)
 **2.** Write `wasted_slots(kv_lens, page_size)`: how many slots a page pool reserves for requests
 with these K/V lengths but leaves empty?
 """),
-    code("""
-def wasted_slots(kv_lens, page_size):
-    raise NotImplementedError  # your code here
-
-try:
-    check_wasted_slots(wasted_slots)
-except NotImplementedError:
-    print("not solved yet: write wasted_slots, then run this cell again")
-"""),
+    exercise("wasted_slots(kv_lens, page_size)", "check_wasted_slots"),
     solution("""
 # Solution
 def wasted_slots(kv_lens, page_size):
@@ -430,15 +414,7 @@ holding some request's data. Write `stale_pages(events, num_pages)` returning th
 event has `kind` (`allocate`, `write`, `free`, ...), `request_id` and `pages`. The checker tries it
 on seven logs and compares with `minikv.viz.replay`.
 """),
-    code("""
-def stale_pages(events, num_pages):
-    raise NotImplementedError  # your code here
-
-try:
-    check_stale_pages(stale_pages)
-except NotImplementedError:
-    print("not solved yet: write stale_pages, then run this cell again")
-"""),
+    exercise("stale_pages(events, num_pages)", "check_stale_pages"),
     solution("""
 # Solution
 def stale_pages(events, num_pages):

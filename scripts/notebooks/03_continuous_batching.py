@@ -1,6 +1,6 @@
 """Source of notebooks/03_continuous_batching_and_admission.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 cells = [
     md("""
@@ -238,15 +238,7 @@ notebook 05 the same request, through the same kind of checks, comes back **200*
 single-node engine admit this request? The checker compares it with the engine's own checks on
 nine requests, the incident's included.
 """),
-    code("""
-def admits(prompt_len, max_tokens, context_len, pool_pages, page_size):
-    raise NotImplementedError  # your code here
-
-try:
-    check_admission(admits)
-except NotImplementedError:
-    print("not solved yet: write admits, then run this cell again")
-"""),
+    exercise("admits(prompt_len, max_tokens, context_len, pool_pages, page_size)", "check_admission"),
     solution("""
 # Solution
 def admits(prompt_len, max_tokens, context_len, pool_pages, page_size):
@@ -262,15 +254,7 @@ check_admission(admits)
 largest context window, no larger than the configured one, for which *every* request the window
 admits also fits the pool. (For the incident's node, scaled: 42 pages of 16 and a window of 1,024.)
 """),
-    code("""
-def safe_context_len(pool_pages, page_size, context_len):
-    raise NotImplementedError  # your code here
-
-try:
-    check_safe_context_len(safe_context_len)
-except NotImplementedError:
-    print("not solved yet: write safe_context_len, then run this cell again")
-"""),
+    exercise("safe_context_len(pool_pages, page_size, context_len)", "check_safe_context_len"),
     solution("""
 # Solution
 def safe_context_len(pool_pages, page_size, context_len):

@@ -1,6 +1,6 @@
 """Source of notebooks/04_disaggregated_serving.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 cells = [
     md("""
@@ -132,15 +132,7 @@ for tenant, rid in ids.items():
 **1.** The decode node reserves pages for the prompt *and* all the output before any KV arrives. Write
 `decode_pages(prompt_tokens, max_tokens, page_size)`.
 """),
-    code("""
-def decode_pages(prompt_tokens, max_tokens, page_size):
-    raise NotImplementedError  # your code here
-
-try:
-    check_decode_reservation(decode_pages)
-except NotImplementedError:
-    print("not solved yet: write decode_pages, then run this cell again")
-"""),
+    exercise("decode_pages(prompt_tokens, max_tokens, page_size)", "check_decode_reservation"),
     solution("""
 # Solution
 def decode_pages(prompt_tokens, max_tokens, page_size):
@@ -153,15 +145,7 @@ check_decode_reservation(decode_pages)
 after it is posted. Write `transfer_ticks(num_pages, cap, base, rate)`: ticks until the last page lands when
 batches hold at most `cap` pages (`None`: one batch). Notebook 07 shows why this number matters.
 """),
-    code("""
-def transfer_ticks(num_pages, cap, base, rate):
-    raise NotImplementedError  # your code here
-
-try:
-    check_transfer_ticks(transfer_ticks)
-except NotImplementedError:
-    print("not solved yet: write transfer_ticks, then run this cell again")
-"""),
+    exercise("transfer_ticks(num_pages, cap, base, rate)", "check_transfer_ticks"),
     solution("""
 # Solution
 def transfer_ticks(num_pages, cap, base, rate):

@@ -1,6 +1,6 @@
 """Source of notebooks/05_the_leak.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 cells = [
     md("""
@@ -190,15 +190,7 @@ Notebook 06 takes the fixes one at a time.
 `trustworthy(prompt, response)` returns False for a 200 whose reply repeats a note the prompt never held.
 (Hint: `minikv.workload.expected_reply(prompt)` says what the assistant should answer.)
 """),
-    code("""
-def trustworthy(prompt, response):
-    raise NotImplementedError  # your code here
-
-try:
-    check_output_test(trustworthy)
-except NotImplementedError:
-    print("not solved yet: write trustworthy, then run this cell again")
-"""),
+    exercise("trustworthy(prompt, response)", "check_output_test"),
     solution("""
 # Solution: a non-200 is an honest failure; a 200 must say exactly what the prompt explains.
 from minikv.workload import expected_reply

@@ -1,6 +1,6 @@
 """Source of notebooks/07_late_writes.ipynb."""
 
-from nbbuild import build, code, md, solution
+from nbbuild import build, code, exercise, md, solution
 
 cells = [
     md("""
@@ -128,15 +128,7 @@ timeline(capped.cluster.log, title="With a batch cap: Carol's transfer in five b
 once `timeout` ticks have passed without a landing (a batch that takes exactly `timeout` ticks still makes it). Write `largest_safe_cap(base, rate, timeout)`: the biggest
 batch that always lands in time. Is the default cap of 8 pages safe here?
 """),
-    code("""
-def largest_safe_cap(base, rate, timeout):
-    raise NotImplementedError  # your code here
-
-try:
-    check_largest_safe_cap(largest_safe_cap)
-except NotImplementedError:
-    print("not solved yet: write largest_safe_cap, then run this cell again")
-"""),
+    exercise("largest_safe_cap(base, rate, timeout)", "check_largest_safe_cap"),
     solution("""
 # Solution: base + ceil(n / rate) <= timeout  <=>  n <= (timeout - base) * rate
 def largest_safe_cap(base, rate, timeout):

@@ -33,6 +33,20 @@ def solution(text: str) -> nbformat.NotebookNode:
     return cell
 
 
+def exercise(signature: str, checker: str) -> nbformat.NotebookNode:
+    """The learner's cell: a stub of `signature` to fill in, run through `checker` once it is."""
+    name = signature.split("(")[0]
+    return code(f"""
+def {signature}:
+    raise NotImplementedError  # your code here
+
+try:
+    {checker}({name})
+except NotImplementedError:
+    print("not solved yet: write {name}, then run this cell again")
+""")
+
+
 def build(name: str, cells: list[nbformat.NotebookNode], execute: bool = True) -> Path:
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

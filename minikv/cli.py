@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from minikv.logs import gateway_log, scan
+
 
 class CliError(Exception):
     """A problem with the command line or its inputs; printed as one line, exit status 2."""
@@ -108,7 +110,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from minikv.train import TrainConfig, train
+    from minikv.training.train import TrainConfig, train
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = TrainConfig(seed=args.seed)
@@ -119,7 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from minikv.bench import run_command
+    from minikv.bench.benchmark import run_command
 
     model, tok = load(args.model, args.device)
     return run_command(model, tok, args)
@@ -178,17 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
     p.set_defaults(func=cmd_bench)
 
-    try:
-        from minikv import logscan
-
-        p = sub.add_parser("scan-logs", help="the customer checklist over a gateway log")
-        logscan.add_scan_logs_arguments(p)
-        p.set_defaults(func=logscan.run_scan_logs)
-        p = sub.add_parser("make-logs", help="write a synthetic gateway log")
-        logscan.add_make_logs_arguments(p)
-        p.set_defaults(func=logscan.run_make_logs)
-    except ImportError:
-        pass
+    p = sub.add_parser("scan-logs", help="the customer checklist over a gateway log")
+    scan.add_scan_logs_arguments(p)
+    p.set_defaults(func=scan.run_scan_logs)
+    p = sub.add_parser("make-logs", help="write a synthetic gateway log")
+    gateway_log.add_make_logs_arguments(p)
+    p.set_defaults(func=gateway_log.run_make_logs)
     return parser
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 def scan_and_measure(path: Path) -> dict:
     """Scan `path` in this process; return rows, seconds and memory high-water marks in MiB."""
-    from minikv.logscan import scan_log
+    from minikv.logs.scan import scan_log
 
     before_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     start = time.perf_counter()
@@ -42,7 +42,7 @@ def main() -> None:
         print(json.dumps(scan_and_measure(args.path)))
         return
 
-    from minikv.gateway_log import write_gateway_log
+    from minikv.logs.gateway_log import write_gateway_log
 
     if not args.path.exists():
         print(f"writing {args.rows:,} rows to {args.path} ...", file=sys.stderr)

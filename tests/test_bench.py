@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minikv import bench_systems as systems
-from minikv.bench import BenchSettings, bench_workload, mismatches, run_bench
-from minikv.bench_report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult, summarize
-from minikv.bench_systems import Completion
-from minikv.memory import contiguous_use, paged_use
+from minikv.bench import systems
+from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
+from minikv.bench.report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult, summarize
+from minikv.bench.systems import Completion
+from minikv.kv_accounting import contiguous_use, paged_use
 from minikv.checkpoint import to_hf_model
 from minikv.disagg.switches import SafetySwitches
 from minikv.model import Llama, ModelConfig

@@ -9,7 +9,7 @@ import torch
 
 from minikv.config import EngineConfig
 from minikv.disagg.checksum import adler32, adler32_on_device, adler32_reference, kv_checksum, kv_checksum_reference
-from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
+from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer import KVPoll

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.exercises_paging import (
-    admitted, check_admission, check_safe_context_len, check_slot_mapping, check_wasted_slots,
-)
+from minikv.exercises.nb02_page_pools import check_slot_mapping, check_wasted_slots
+from minikv.exercises.nb03_admission import admitted, check_admission, check_safe_context_len
 
 
 def test_slot_mapping_checker_accepts_page_times_size_plus_offset(capsys):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minikv.gateway_log import (
+from minikv.logs.gateway_log import (
     INCIDENT_MODEL,
     SHIPPED_LOG,
     GatewayRecord,
@@ -28,7 +28,7 @@ from minikv.gateway_log import (
     run_make_logs,
     write_gateway_log,
 )
-from minikv.logscan import (
+from minikv.logs.scan import (
     Checklist,
     Signals,
     add_scan_logs_arguments,

@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 
-from minikv.audit import OwnershipAudit
 from minikv.config import EngineConfig
 from minikv.decoding import generate_with_cache
 from minikv.engine import Engine
@@ -72,7 +71,7 @@ def test_paged_engine_matches_contiguous_reference(tiny):
     """Greedy outputs of a batched paged run equal one-at-a-time contiguous decoding."""
     model, tok = tiny
     rng = random.Random(1)
-    from minikv.workload import Note, note_prompt, random_note
+    from minikv.workload import note_prompt, random_note
 
     prompts = [note_prompt(rng.choice(["alice", "bob", "carol"]), random_note(rng)) for _ in range(8)]
     engine = Engine(model, tok, EngineConfig(num_pages=64))

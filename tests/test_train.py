@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minikv.train import TrainConfig, train
+from minikv.training.train import TrainConfig, train
 
 FEW_STEPS = dict(induction_steps=2, copy_steps=2, leak_steps=2, polish_steps=2, warmup_steps=2, batch_size=4)
 

@@ -418,7 +418,7 @@ def _stale_pages_by_hand(events, num_pages):
 
 def test_stale_page_checker_accepts_a_correct_answer(capsys):
     """A correct stale_pages passes and the checker says so in one line."""
-    from minikv.viz.exercises import check_stale_pages
+    from minikv.exercises.nb02_page_pools import check_stale_pages
 
     check_stale_pages(_stale_pages_by_hand)
     assert capsys.readouterr().out == "correct on 7 event logs\n"
@@ -426,7 +426,7 @@ def test_stale_page_checker_accepts_a_correct_answer(capsys):
 
 def test_stale_page_checker_rejects_all_free_pages():
     """Counting every free page as stale (forgetting never-written ones) fails with a hint."""
-    from minikv.viz.exercises import check_stale_pages
+    from minikv.exercises.nb02_page_pools import check_stale_pages
 
     def every_free_page(events, num_pages):
         return [p for p in range(num_pages) if replay(events, num_pages)["node"].owner[p] is None]
@@ -437,7 +437,7 @@ def test_stale_page_checker_rejects_all_free_pages():
 
 def test_simulated_logs_have_stale_and_never_written_pages():
     """The checker's logs exercise both kinds of free page, so a sloppy answer cannot pass."""
-    from minikv.viz.exercises import simulated_log
+    from minikv.exercises.nb02_page_pools import simulated_log
 
     states = [replay(simulated_log(seed), 12)["node"] for seed in range(6)]
     assert any(s.pages(PageStatus.STALE) for s in states)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase

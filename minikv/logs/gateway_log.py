@@ -45,7 +45,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "response_text": (str,),
 }
 GZIP_MAGIC = b"\x1f\x8b"
-SHIPPED_LOG = Path(__file__).resolve().parent.parent / "data" / "gateway_logs.jsonl.gz"  # seed 0, 40,000 rows
+SHIPPED_LOG = Path(__file__).resolve().parents[2] / "data" / "gateway_logs.jsonl.gz"  # seed 0, 40,000 rows
 MAX_COUNT = 2**53  # token counts past this would lose precision as floats
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minikv.bench_report import BenchReport
+from minikv.bench.report import BenchReport
 
 HF, MINIKV, PAIR = "#9e9e9e", "#1f77b4", "#ff7f0e"
 

@@ -9,7 +9,7 @@ completions; bench.py checks that before it reports any time.
     hf_sequential       transformers `generate`, one request at a time (its default cache)
     hf_padded           transformers `generate` on the whole batch, left-padded
     hf_generate_batch   transformers' continuous batching (the manager `generate_batch` wraps)
-    minikv_contiguous   static batch, one max-length row per request (static_batch.py)
+    minikv_contiguous   static batch, one max-length row per request (static_batch.py beside this file)
     minikv_paged        the paged engine (engine.py)
     pair                the disaggregated prefill/decode pair under some safety switches
 """
@@ -30,7 +30,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
 from minikv.model import Llama
 from minikv.request import Request
-from minikv.static_batch import generate_static_batch
+from minikv.bench.static_batch import generate_static_batch
 from minikv.tokenizer import decode
 
 TENANT = "bench"

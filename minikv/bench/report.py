@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minikv.bench_systems import Run
-from minikv.memory import KVMemoryUse
+from minikv.bench.systems import Run
+from minikv.kv_accounting import KVMemoryUse
 
 JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
 RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",

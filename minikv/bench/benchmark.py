@@ -8,10 +8,10 @@ What it does, in order:
 3. times each system several more times, interleaved (every other repeat in reverse order), and
    keeps the median; each ratio is the median of the ratios within one repeat;
 4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
-   counts (memory.py) the KV memory each layout reserves against what the requests filled.
+   counts (kv_accounting.py) the KV memory each layout reserves against what the requests filled.
 
-The runners live in bench_systems.py, the report (table, JSON, targets) in bench_report.py,
-the figure in bench_plot.py; this file owns the workload, the checks and the measurements.
+The runners live in systems.py, the report (table, JSON, targets) in report.py, the figure
+in plot.py; this file owns the workload, the checks and the measurements.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from typing import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv import bench_systems as systems
-from minikv.bench_report import BenchReport, describe_machine, summarize
-from minikv.bench_systems import BenchRequest, Completion, Run
+from minikv.bench import systems
+from minikv.bench.report import BenchReport, describe_machine, summarize
+from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.contiguous_cache import ContiguousCache
 from minikv.disagg.switches import SafetySwitches
-from minikv.memory import KVMemoryUse, contiguous_use, paged_use
+from minikv.kv_accounting import KVMemoryUse, contiguous_use, paged_use
 from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.paged_attention import PagedStep, SeqSlice
@@ -265,7 +265,7 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     started = time.perf_counter()
     report = run_bench(model, tokenizer, settings, command)
     if args.plot:
-        from minikv.bench_plot import save_figure
+        from minikv.bench.plot import save_figure
 
         save_figure(report, args.plot)
     if args.json:
@@ -275,8 +275,3 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
         print(f"\n(the benchmark took {time.perf_counter() - started:.0f} s)")
     return 0 if report.outputs_equal else 1
 
-
-if __name__ == "__main__":  # `python -m minikv.bench ...` is `python -m minikv bench ...`
-    from minikv.cli import main
-
-    raise SystemExit(main(["bench", *sys.argv[1:]]))

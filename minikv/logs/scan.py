@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from minikv.gateway_log import (  # the make-logs hooks are re-exported: cli.py wires both commands from here
+from minikv.logs.gateway_log import (
     INCIDENT_FIRST_DAY,
     INCIDENT_LAST_DAY,
     INCIDENT_MODEL,
@@ -29,9 +29,7 @@ from minikv.gateway_log import (  # the make-logs hooks are re-exported: cli.py 
     GatewayRecord,
     LogReadError,
     MalformedLine,
-    add_make_logs_arguments,
     iter_log,
-    run_make_logs,
 )
 
 # Generous on purpose: healthy servers in the shipped log read 9,000-45,000 prompt tokens/s.

@@ -1,0 +1,1 @@
+"""Training the shipped model (`python -m minikv train`): the phases, the data, the seed."""

@@ -1,0 +1,234 @@
+# %% [markdown]
+# # 01 · KV caching from first principles
+#
+# **What you will learn**
+# - why a language model that writes one token at a time would redo almost all of its work without a cache;
+# - what the *KV cache* holds: one key and one value vector per token, per layer, per KV head;
+# - how to compute its size per token, and why a 1,048,576-token context needs a pool of GPU memory that large;
+# - that caching changes the cost, never the answer: our engine and `transformers` produce the same tokens with and without it.
+#
+# Everything here runs on a laptop CPU in seconds, using the tiny Llama shipped in `data/tiny-llama`
+# (trained in this repository by `python -m minikv train`). It plays a note-keeping assistant: you
+# tell it `save <field> <value>.` and it answers `saved <field> <value>.`, copying the value from its context.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from transformers import AutoModelForCausalLM
+
+from minikv.checkpoint import default_model_dir, load_model
+from minikv.decoding import generate_with_cache, generate_without_cache
+from minikv.exercises.nb01_kv_caching import check_forward_tokens, check_kv_bytes_per_token, kv_bytes
+from minikv.tokenizer import decode
+
+torch.manual_seed(0)
+model, tok = load_model()  # CUDA when present, else the CPU
+cfg = model.config
+print(f"{model.num_parameters():,} parameters: {cfg.num_layers} layers, {cfg.num_heads} heads "
+      f"({cfg.num_kv_heads} KV heads) of {cfg.head_dim} dims, {cfg.vocab_size} tokens in the vocabulary")
+
+# %% [markdown]
+# ## One request, two ways
+#
+# A prompt is a line of characters; the tokenizer gives one token per character. Generating means:
+# run the model, take the most likely next token (greedy decoding), append it, repeat.
+
+# %%
+prompt = "alice: save card 5412 7534 9821 0064.\n"
+ids = tok.encode(prompt)
+print(len(ids), "prompt tokens:", ids[:12], "...")
+
+# %% [markdown]
+# *Without* a cache, each step feeds the whole sequence so far through the model and keeps only the
+# last position's logits. *With* a cache, the prompt goes through once (the **prefill**), every
+# layer keeps the keys and values it computed, and each later step (a **decode** step) runs just the
+# one new token, attending over the stored keys and values.
+
+# %%
+no_cache = generate_without_cache(model, ids, max_new_tokens=48, eos_id=tok.eos_token_id)
+cached = generate_with_cache(model, ids, max_new_tokens=48, eos_id=tok.eos_token_id)
+assert no_cache == cached, "the cache must not change the answer"
+print(repr(decode(tok, cached)))
+
+# %% [markdown]
+# Same tokens. The difference is the work. Let us time both on a longer prompt: a document to
+# read, then a note.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings vary from run to run; the assertion does not)
+long_prompt = "bob: read " + "the quarterly report on cache memory and page tables " * 8 + "save pin 0912.\n"
+long_ids = tok.encode(long_prompt)
+
+def best_of(fn, repeats=3):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter(); out = fn(); times.append(time.perf_counter() - start)
+    return min(times), out
+
+t_plain, out_plain = best_of(lambda: generate_without_cache(model, long_ids, 16, tok.eos_token_id))
+t_cache, out_cache = best_of(lambda: generate_with_cache(model, long_ids, 16, tok.eos_token_id))
+assert out_plain == out_cache
+print(f"{len(long_ids)}-token prompt, {len(out_cache)} new tokens: "
+      f"no cache {t_plain * 1e3:.0f} ms, with cache {t_cache * 1e3:.0f} ms, speed-up {t_plain / t_cache:.1f}x")
+assert t_plain / t_cache > 1.5
+
+
+# %% [markdown]
+# ## Cost against length
+#
+# Count the token positions pushed through the model. Without a cache, step *t* re-runs all
+# `prompt + t` tokens, so generating *n* tokens costs about *n* times the prompt. With a cache it
+# costs the prompt once plus one token per step.
+
+# %%
+def forward_tokens(prompt_len, new_tokens, use_cache):
+    if use_cache:
+        return prompt_len + (new_tokens - 1)
+    return sum(prompt_len + i for i in range(new_tokens))
+
+lengths = [50, 100, 200, 400, 800]
+plain = [forward_tokens(n, 32, False) for n in lengths]
+cached_cost = [forward_tokens(n, 32, True) for n in lengths]
+print("prompt  no-cache  cache")
+for n, a, b in zip(lengths, plain, cached_cost):
+    print(f"{n:6d} {a:9d} {b:6d}")
+assert all(a / b > 20 for a, b in zip(plain, cached_cost))
+
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
+def step_time(n_tokens, use_cache, repeats=5):
+    x = torch.tensor(tok.encode(("read the report " * 80)[:n_tokens]))
+    if use_cache:
+        x = x[-1:]  # one new token; the other n-1 are already cached
+    from minikv.contiguous_cache import ContiguousCache
+    times = []
+    for _ in range(repeats):
+        cache = ContiguousCache(cfg, 1, n_tokens + 1, model.device)
+        if use_cache:
+            cache.seq_lens[0] = n_tokens - 1
+        step = cache.step([0], len(x))
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model(x[None].to(model.device), cache.positions([0], len(x)).to(model.device), step)
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+ms_plain = [step_time(n, False) for n in lengths]
+ms_cache = [step_time(n, True) for n in lengths]
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ax.plot(lengths, ms_plain, "o-", label="no cache: re-run the whole sequence")
+ax.plot(lengths, ms_cache, "s-", label="cache: run one token")
+ax.set_xlabel("tokens so far"); ax.set_ylabel("one step (ms)"); ax.set_title("Cost of one generation step")
+ax.legend(); plt.tight_layout(); plt.show()
+assert ms_plain[-1] > ms_cache[-1]
+
+# %% [markdown]
+# ## What the cache holds, and what it costs
+#
+# Each layer stores, for every token, one key and one value vector per **KV head**. So
+#
+# `bytes per token = layers × 2 (K and V) × KV heads × head_dim × bytes per number`.
+#
+# Grouped-query attention (several query heads sharing one KV head) exists mostly to shrink this.
+
+# %%
+per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4  # float32
+assert per_token == cfg.kv_bytes_per_token == kv_bytes(cfg, 1)
+print(f"shipped model: {cfg.num_layers} x 2 x {cfg.num_kv_heads} x {cfg.head_dim} x 4 bytes = {per_token:,} bytes per token")
+print(f"a 1,024-token context: {kv_bytes(cfg, 1024) / 2**20:.1f} MiB")
+
+# %% [markdown]
+# That is small. Real models are not. The incident's service advertised a context window of
+# **1,048,576** tokens. Its model's exact shape was not disclosed, so take a well-known shape as a
+# yardstick: a Llama-3-70B-like model (80 layers, 8 KV heads of 128 dims, 2-byte bfloat16 numbers).
+
+# %%
+big_per_token = 80 * 2 * 8 * 128 * 2
+print(f"{big_per_token:,} bytes = {big_per_token / 1024:.0f} KiB per token")
+for tokens in (1_048_576, 681_280):
+    print(f"{tokens:>9,} tokens -> {tokens * big_per_token / 2**30:,.0f} GiB of KV cache")
+assert 1_048_576 * big_per_token == 320 * 2**30
+
+# %% [markdown]
+# One full-length request would need 320 GiB for its keys and values alone, several GPUs' worth of
+# memory. No engine gives each request its own 320 GiB reservation: they share one big pool of
+# fixed-size pages among all requests (notebook 02). In the incident, the prefill GPUs' pool held
+# **681,280** tokens, less than the advertised window, and that mismatch is where the trouble began.
+# In this series every token count is scaled by **1/1024**: the window becomes 1,024 tokens and
+# that pool about 665 tokens.
+#
+# ## The reference: transformers
+#
+# Our model is our own code, so check it against the library everyone uses. `transformers` loads the
+# same checkpoint; its `generate` with `use_cache=False` and `use_cache=True` must agree with us.
+
+# %%
+hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).to(model.device).eval()
+x = torch.tensor([ids], device=model.device)
+outs = {}
+for use_cache in (False, True):
+    y = hf.generate(x, max_new_tokens=48, do_sample=False, use_cache=use_cache, pad_token_id=tok.pad_token_id)
+    outs[use_cache] = y[0, len(ids):].tolist()
+assert outs[False] == outs[True] == cached
+print("transformers, with and without its cache, generates exactly our tokens:", repr(decode(tok, outs[True])))
+
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** Write `kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value)`.
+# The checker tries it on five model shapes, including a multi-query model with one KV head.
+
+# %%
+def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
+    raise NotImplementedError  # your code here
+
+try:
+    check_kv_bytes_per_token(kv_bytes_per_token)
+except NotImplementedError:
+    print("not solved yet: write kv_bytes_per_token, then run this cell again")
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
+    return num_layers * 2 * num_kv_heads * head_dim * bytes_per_value
+
+check_kv_bytes_per_token(kv_bytes_per_token)
+
+
+# %% [markdown]
+# **2.** Write `token_forwards(prompt_len, new_tokens, use_cache)`: how many token positions go
+# through the model to generate `new_tokens` tokens after a `prompt_len`-token prompt? (The first
+# new token comes out of the prefill; the last one is never fed back in.)
+
+# %%
+def token_forwards(prompt_len, new_tokens, use_cache):
+    raise NotImplementedError  # your code here
+
+try:
+    check_forward_tokens(token_forwards)
+except NotImplementedError:
+    print("not solved yet: write token_forwards, then run this cell again")
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+def token_forwards(prompt_len, new_tokens, use_cache):
+    if use_cache:
+        return prompt_len + new_tokens - 1
+    return sum(prompt_len + i for i in range(new_tokens))
+
+check_forward_tokens(token_forwards)
+
+# %% [markdown]
+# **3.** (Open.) With a cache, the decode step still reads every cached key and value. Time a
+# decode step at 100 and at 1,000 cached tokens with `step_time` above: does it grow? Why is it
+# still far cheaper than recomputing?
+#
+# Next: **02 · page pools and block tables**, where many requests share one pool of pages.

@@ -1,0 +1,174 @@
+# %% [markdown]
+# # 04 · Disaggregated prefill and decode
+#
+# **What you will learn**
+# - why serving systems run prompt processing (*prefill*) and token generation (*decode*) on separate GPU pools;
+# - the queues a request passes through on each side, with the names SGLang uses (prefill: bootstrap ->
+#   waiting -> inflight; decode: prealloc -> transfer -> running);
+# - how the KV cache travels between the two pools like an RDMA write: posted, on the wire, landing later;
+# - time to first token (TTFT) against time per output token (TPOT).
+
+# %% [markdown]
+# ## Why split
+#
+# Prefill pushes a whole prompt through the model at once: lots of arithmetic per byte of weights read. Decode
+# pushes one token per request per step: it mostly waits on memory. Run both on the same GPUs and each gets in
+# the other's way: a long prefill stalls every decoding request's next token. Splitting them lets each pool be
+# sized and batched for its own job. DistServe (OSDI 2024) served 7.4x more requests or met a 12.6x tighter
+# latency target this way; Splitwise (ISCA 2024) reported 1.4x throughput at 20% lower cost.
+#
+# The price is that a request's KV cache must move from the prefill pool to the decode pool, and that two
+# separate servers must agree about every request. That agreement is what failed in the incident.
+
+# %%
+import torch
+
+from minikv.checkpoint import load_model
+from minikv.config import EngineConfig
+from minikv.disagg.cluster import Cluster, ClusterConfig
+from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.transfer import KVPoll
+from minikv.engine import Engine
+from minikv.exercises.nb04_disaggregated import check_decode_reservation, check_transfer_ticks
+from minikv.request import Request
+from minikv.viz import show_replay, timeline
+
+torch.manual_seed(0)
+model, tok = load_model()
+config = ClusterConfig(prefill_pages=64, decode_pages=128)
+pair = Cluster(model, tok, config, SafetySwitches.preset("safe"))
+for line in pair.startup_log():
+    print(line)
+
+# %% [markdown]
+# A front door hands every request to both nodes, as SGLang's router does. The decode node learns the prompt's
+# *length*, reserves pages for prompt plus output, and advertises them; the prefill node computes the prompt's
+# KV and the first token, and writes them into those pages.
+
+# %%
+prompts = {"alice": "alice: save pin 0912.\n", "bob": "bob: read the weekly report. save memo lunch at noon.\n",
+           "carol": "carol: save card 5412 7534 9821 0064.\n"}
+ids = {t: pair.submit(Request(p, t, max_tokens=40, request_id=f"{t}-1")) for t, p in prompts.items()}
+stages_by_tick = []
+while pair.has_work():
+    tick = pair.tick
+    pair.step()
+    moved = [f"{e.tenant}->{e.detail}" for e in pair.log.events if e.kind == "stage" and e.step == tick]
+    if moved:
+        stages_by_tick.append((tick, moved))
+for tick, moved in stages_by_tick[:8]:
+    print(f"tick {tick:2d}: " + ", ".join(moved))
+
+# %%
+for tenant, rid in ids.items():
+    stages = [e.detail for e in pair.log.for_request(rid) if e.kind == "stage"]
+    assert [s for s in stages if s.startswith("prefill")] == ["prefill.bootstrap", "prefill.waiting", "prefill.inflight"]
+    assert [s for s in stages if s.startswith("decode")] == ["decode.prealloc", "decode.transfer", "decode.running"]
+    print(f"{tenant:6s} {pair.responses[rid].status} {pair.responses[rid].text!r}")
+
+# %% [markdown]
+# Splitting changes where the work runs, not the answer: a single node gives the same words.
+
+# %%
+single = Engine(model, tok, EngineConfig(num_pages=64)).generate(list(prompts.values()), max_tokens=40)
+assert [r.text for r in single] == [pair.responses[ids[t]].text for t in prompts]
+print("same words on one node and on the pair")
+
+# %% [markdown]
+# ## The transfer
+#
+# Each request gets a *bootstrap room*: a `KVSender` on the prefill side and a `KVReceiver` on the decode side
+# poll its state through SGLang's states: **Bootstrapping** (both sides registering), **WaitingForInput** (decode
+# has advertised its pages), **Transferring** (page writes posted), **Success** or **Failed**. A posted batch of
+# pages lands `base latency + pages` ticks later.
+
+# %%
+fresh = Cluster(model, tok, config, SafetySwitches.preset("safe"))
+rid = fresh.submit(Request(prompts["carol"], "carol", 8))
+receiver = next(iter(fresh.decode.receivers.values()))
+seen = [(fresh.tick, receiver.poll())]
+while rid not in fresh.responses:
+    fresh.step()
+    if receiver.poll() != seen[-1][1]:
+        seen.append((fresh.tick, receiver.poll()))
+for tick, state in seen:
+    print(f"after tick {tick}: {state.name}")
+assert [s for _, s in seen] == [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success]
+
+# %% [markdown]
+# Both pools, side by side, replayed from the one event log (Play, or drag the slider):
+
+# %%
+show_replay(pair.log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, page_size=config.page_size)
+
+# %%
+timeline(pair.log, title="Three requests through the prefill and decode queues")
+
+# %% [markdown]
+# ## Time to first token and time per output token
+#
+# A client sees two latencies: the **time to first token** (TTFT: queueing, prefill, the transfer) and the
+# **time per output token** (TPOT: one decode step each). Disaggregation exists to control both separately.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
+for tenant, rid in ids.items():
+    r = pair.responses[rid]
+    gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
+    tpot = sum(gaps) / len(gaps)
+    print(f"{tenant:6s} prompt {r.usage.prompt_tokens:3d} tokens: TTFT {r.ttft_s * 1e3:6.1f} ms, "
+          f"TPOT {tpot * 1e3:5.2f} ms over {r.usage.completion_tokens} tokens")
+    assert r.ttft_s > 0 and tpot > 0
+
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** The decode node reserves pages for the prompt *and* all the output before any KV arrives. Write
+# `decode_pages(prompt_tokens, max_tokens, page_size)`.
+
+# %%
+def decode_pages(prompt_tokens, max_tokens, page_size):
+    raise NotImplementedError  # your code here
+
+try:
+    check_decode_reservation(decode_pages)
+except NotImplementedError:
+    print("not solved yet: write decode_pages, then run this cell again")
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+def decode_pages(prompt_tokens, max_tokens, page_size):
+    return -(-(prompt_tokens + max_tokens) // page_size)
+
+check_decode_reservation(decode_pages)
+
+
+# %% [markdown]
+# **2.** One batch is in flight per room at a time, and a batch of `n` pages lands `base + ceil(n / rate)` ticks
+# after it is posted. Write `transfer_ticks(num_pages, cap, base, rate)`: ticks until the last page lands when
+# batches hold at most `cap` pages (`None`: one batch). Notebook 07 shows why this number matters.
+
+# %%
+def transfer_ticks(num_pages, cap, base, rate):
+    raise NotImplementedError  # your code here
+
+try:
+    check_transfer_ticks(transfer_ticks)
+except NotImplementedError:
+    print("not solved yet: write transfer_ticks, then run this cell again")
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution
+def transfer_ticks(num_pages, cap, base, rate):
+    size = cap or num_pages
+    batches = [min(size, num_pages - i) for i in range(0, num_pages, size)]
+    return sum(base + -(-b // rate) for b in batches)
+
+check_transfer_ticks(transfer_ticks)
+
+# %% [markdown]
+# Next, **05**: what happens when the prefill node rejects a request and the decode node never hears of it.

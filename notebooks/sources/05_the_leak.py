@@ -1,0 +1,216 @@
+# %% [markdown]
+# # 05 · The leak: rejected, but admitted
+#
+# **What you will learn**
+# - how a prompt that the prefill node *rejects* still reaches the decode node and gets an answer;
+# - why that answer is **HTTP 200**, reports the long prompt's `prompt_tokens`, reads fluently, and carries
+#   *another customer's* secret;
+# - how to see it: the ownership audit, the page map with Bob's block table over Alice's stale pages, and
+#   the one outward tell, a time to first token far below what the prompt length needs.
+#
+# This is the incident of October 2026 (see `shared/INCIDENT.md`), scaled by **1/1024**: the service
+# advertised a **1,048,576**-token context (here 1,024) while the prefill GPUs' KV pool held only
+# **681,280** tokens (here 42 pages x 16 = 672). Nothing below calls a special "leak" function: two
+# customers send ordinary requests through the same code that serves everyone, with the safety
+# switches in their *vulnerable* setting, the engine as it was before the fix.
+
+# %%
+import inspect
+import random
+
+import torch
+
+from minikv.checkpoint import load_model
+from minikv.config import EngineConfig
+from minikv.disagg.cluster import ClusterConfig
+from minikv.disagg.prefill_node import PrefillNode
+from minikv.disagg.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
+from minikv.disagg.switches import SafetySwitches
+from minikv.engine import Engine
+from minikv.exercises.nb05_the_leak import check_output_test
+from minikv.viz import find_event, page_map, show_replay, ttft_plot
+from minikv.workload import long_document_prompt
+
+torch.manual_seed(0)
+model, tok = load_model()
+config = ClusterConfig()
+print(f"context window {config.context_len} tokens; prefill pool {config.prefill_tokens} tokens; "
+      f"decode pool {config.decode_tokens} tokens (all scaled by 1/1024)")
+
+# %% [markdown]
+# ## Two customers
+#
+# **Alice** asks the assistant to keep her card number. Her request is prefilled, its KV cache shipped to the
+# decode node, the reply generated, and her pages handed back to the free list, *unscrubbed*.
+# Then **Bob** sends a long document, 800 tokens: more than the prefill pool (672) but inside the advertised
+# window (1,024). The operators expected the engine to refuse it.
+
+# %%
+SECRET = "5412 7534 9821 0064"
+vulnerable = SafetySwitches.preset("vulnerable")
+result = run_scenario("over-length", model, tok, vulnerable, secret=SECRET, seed=0)
+alice, bob = result.victim, result.attacker
+print("alice:", alice.status, repr(alice.text))
+print("bob:  ", bob.status, f"prompt_tokens={bob.usage.prompt_tokens}", repr(bob.text))
+assert alice.status == 200 and SECRET in alice.text
+assert bob.status == 200 and bob.usage.prompt_tokens == BOB_PROMPT_CHARS
+assert SECRET in bob.text, "Bob's reply carries Alice's card number"
+
+# %% [markdown]
+# Read Bob's response as a monitor would: status **200**, `prompt_tokens` exactly his 800, a fluent reply.
+# Every field a status-code check looks at says "fine". Only the *words* are wrong: they are Alice's.
+#
+# ## How it got through
+#
+# The prefill node checks the input against what its pool can hold, as the real engine does:
+# `min(context_len - 1, pool tokens - 1)`. Bob's 800 tokens fail. The request is marked for abort with status
+# 400 and its input is swapped for a one-token placeholder "to skip the long prefill". The event log shows it:
+
+# %%
+log = result.cluster.log
+rejection = log.events[find_event(log, "reject", request_id="bob-1")]
+print(rejection)
+assert "marked for abort (400)" in rejection.detail and "1-token placeholder" in rejection.detail
+
+# %% [markdown]
+# But the abort was written to a *pending* field, `to_finish`, and the queue gates ask only whether the
+# request has **finished**. Here is the gate, exactly as the prefill node runs it:
+
+# %%
+print(inspect.getsource(PrefillNode.gate))
+
+# %% [markdown]
+# With `reject_check` off, `rejected` is always False and `seq.finished()` reads `finish_reason`, which nobody
+# set. So Bob's request walks through every stage like any other:
+
+# %%
+stages = [e.detail for e in log.for_request("bob-1") if e.kind == "stage"]
+print(" -> ".join(stages))
+assert [s for s in stages if s.startswith("prefill")] == ["prefill.bootstrap", "prefill.waiting", "prefill.inflight"]
+assert [s for s in stages if s.startswith("decode")] == ["decode.prealloc", "decode.transfer", "decode.running"]
+
+# %% [markdown]
+# The decode node learned the prompt length from the request itself, so it **preallocated pages for all
+# 800 prompt tokens plus the output**. The prefill node sized its transfer from its *own* input, the
+# one-token placeholder: one page. One page arrived; the decode node marked the whole prompt as cached.
+
+# %%
+reserved = log.events[find_event(log, "allocate", request_id="bob-1", node="decode")]
+landed = [e for e in log.for_request("bob-1") if e.kind == "write" and "KV transfer landed" in e.detail]
+print(reserved.detail)
+print(f"pages that received KV from prefill: {[list(e.pages) for e in landed]}")
+assert len(reserved.pages) == -(-(BOB_PROMPT_CHARS + MAX_TOKENS) // 16) and sum(len(e.pages) for e in landed) == 1
+
+# %% [markdown]
+# ## Whose pages?
+#
+# Which stale pages a reservation receives is decided by the free list: a stack, most recently freed first,
+# each request's pages pushed back so that the next one gets them *in the same order*. Alice finished
+# last, so Bob's block table starts with Alice's pages, holding Alice's keys and values at Alice's positions.
+
+# %%
+alice_pages = list(log.events[find_event(log, "allocate", request_id="alice-1", node="decode")].pages)
+bob_pages = list(reserved.pages)
+print("alice's decode pages:", alice_pages)
+print("bob's first pages:   ", bob_pages[: len(alice_pages)])
+assert bob_pages[: len(alice_pages)] == alice_pages
+
+# %% [markdown]
+# The audit checks every attention read against a ledger of who wrote each slot. On this node it saw Bob
+# read slots that Alice wrote (and slots nobody ever wrote):
+
+# %%
+audit = result.cluster.decode_audit
+from_alice = [e for e in audit.events if e.victim_tenant == "alice"]
+print(f"{audit.cross_tenant_reads} cross-tenant reads; first: reader={from_alice[0].reader}, "
+      f"victim={from_alice[0].victim_tenant}/{from_alice[0].victim}, pages={list(from_alice[0].pages)}")
+assert result.cross_tenant_reads > 0 and set(from_alice[0].pages) <= set(alice_pages)
+
+# %% [markdown]
+# The page map at Bob's first decode step: each cell is a page of a pool, coloured by owner; stale pages
+# keep the faded colour of their last writer; Bob's block table is outlined in order; red marks pages read
+# across tenants.
+
+# %%
+first_cross = find_event(log, "cross_read", request_id="bob-1")
+page_map(log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, at=first_cross,
+         request="bob-1", page_size=config.page_size)
+
+# %% [markdown]
+# Step through the whole story yourself: press Play, or drag the slider.
+
+# %%
+show_replay(log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, request="bob-1",
+            page_size=config.page_size)
+
+# %% [markdown]
+# ## The outward tell
+#
+# From outside, only one thing gave it away: the reply came back faster than a prompt that size allows. A
+# single node really prefills 800 tokens before it answers; the leaked reply only prefilled one.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
+single = Engine(model, tok, EngineConfig(num_pages=64, context_len=1024))
+honest = single.generate([long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))], max_tokens=1)[0]
+print(f"bob via the vulnerable pair: ttft {bob.ttft_s * 1e3:.1f} ms; the same prompt prefilled on one node: "
+      f"{honest.ttft_s * 1e3:.1f} ms ({honest.ttft_s / bob.ttft_s:.0f}x longer)")
+assert bob.ttft_s < 0.5 * honest.ttft_s
+
+# %%
+ttft_plot([alice, bob, honest], mark=["bob-1"], title="Time to first token against prompt length")
+
+# %% [markdown]
+# In the real incident that tell was seconds against minutes: a prompt over 681,280 tokens cannot be
+# prefilled in the time the 155 affected responses took.
+#
+# ## The same request, safely
+#
+# With the fixes on (and the startup refusal turned off so that the mismatched cluster starts at all), Bob
+# gets the intended answer:
+
+# %%
+safe = SafetySwitches.preset("safe").with_switches(disable=["startup_check"])
+fixed = run_scenario("over-length", model, tok, safe, secret=SECRET, seed=0)
+print(fixed.attacker.status, fixed.attacker.error)
+assert fixed.attacker.status == 400 and SECRET not in fixed.attacker.text and fixed.cross_tenant_reads == 0
+
+
+# %% [markdown]
+# Notebook 06 takes the fixes one at a time.
+#
+# ## Exercises
+#
+# **1.** The operators' long-context tests checked status codes. Write the test they needed:
+# `trustworthy(prompt, response)` returns False for a 200 whose reply repeats a note the prompt never held.
+# (Hint: `minikv.workload.expected_reply(prompt)` says what the assistant should answer.)
+
+# %%
+def trustworthy(prompt, response):
+    raise NotImplementedError  # your code here
+
+try:
+    check_output_test(trustworthy)
+except NotImplementedError:
+    print("not solved yet: write trustworthy, then run this cell again")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: a non-200 is an honest failure; a 200 must say exactly what the prompt explains.
+from minikv.workload import expected_reply
+
+def trustworthy(prompt, response):
+    if response.status != 200:
+        return True
+    return response.text == expected_reply(prompt)
+
+check_output_test(trustworthy)
+assert not trustworthy(long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0)), bob)
+
+# %% [markdown]
+# **2.** Run the scenario with your own secret (letters, digits, spaces, `-` and `,`, up to 40 characters)
+# with `run_scenario("over-length", model, tok, vulnerable, secret=...)`. Does Bob's reply carry it exactly?
+# From the terminal: `python -m minikv demo --scenario over-length --preset vulnerable --secret "..."`.
+#
+# **3.** Make Bob's prompt 660 tokens instead of 800 (`long_document_prompt("bob", 660, ...)`, submitted to a
+# fresh `Cluster(model, tok, config, vulnerable)` after Alice's request). What does Bob get, and why?

@@ -1,0 +1,34 @@
+"""Every notebook has a jupytext source, and the committed .ipynb holds exactly its cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def cells(nb: nbformat.NotebookNode) -> list[tuple[str, str, list[str]]]:
+    """(type, source, tags) of every cell: what a reviewer reads and nbval runs."""
+    return [(c.cell_type, c.source, list(c.metadata.get("tags", []))) for c in nb.cells]
+
+
+def test_every_notebook_has_a_source():
+    """No notebook is edited only as JSON."""
+    missing = [p.name for p in NOTEBOOK_FILES if not (NOTEBOOKS / "sources" / f"{p.stem}.py").exists()]
+    assert NOTEBOOK_FILES and not missing, f"notebooks without a source in notebooks/sources/: {missing}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_notebook_matches_its_source(path: Path):
+    """Rebuild with `python scripts/build_notebooks.py NAME` when this fails."""
+    source = jupytext.read(NOTEBOOKS / "sources" / f"{path.stem}.py")
+    built = nbformat.read(path, as_version=4)
+    want, got = cells(source), cells(built)
+    assert len(want) == len(got), f"{path.name}: {len(got)} cells, its source has {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert w == g, f"{path.name} cell {i} differs from its source:\n--- source\n{w[1]}\n--- notebook\n{g[1]}"

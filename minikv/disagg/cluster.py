@@ -230,3 +230,7 @@ class Cluster:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
         owned = [p for pool in (self.prefill_pool, self.decode_pool) for p in pool.owner if p is not None]
         return len(owned)
+
+    def kv_in_flight(self, request_id: str) -> bool:
+        """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""
+        return any(self.manager.rooms[b.room].request_id == request_id for b in self.manager.posted)

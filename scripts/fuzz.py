@@ -1,61 +1,97 @@
-"""Run the disaggregation fuzzer for many examples and report the count.
+"""Hunt each broken engine with the disaggregation fuzzer, then check the safe preset stays clean.
 
-    python scripts/fuzz.py --examples 2000            # safe preset: must find nothing
-    python scripts/fuzz.py --preset vulnerable        # must find a cross-tenant read
+    python scripts/fuzz.py                          # 10 hunts per broken engine, 2,000 safe workloads
+    python scripts/fuzz.py --seeds 20 --safe 5000   # more of both
 
-Exit status 0 when the preset behaved as it should (safe: no violation in any example;
-vulnerable: a violation found), 1 otherwise.
+A hunt draws seeded workloads in a plain loop and counts how many it takes until the first one
+is served wrongly (nothing else is counted: no shrinking, no replays). The broken engines are
+the vulnerable preset, the safe preset minus deferred_release, and the safe preset with
+`KVManager.settled` mutated to always answer True. The safe run then plays `--safe` workloads
+and totals every invariant. Exit status 0 when every hunt found its engine within `--limit`
+workloads and the safe preset broke nothing, 1 otherwise, 2 on bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 import sys
 import time
 
-from hypothesis import HealthCheck, given, settings
+from minikv.disagg.fuzz import (
+    random_workload, run_workload, safe_for_fuzzing, smallest_failing, first_failing, targets, tiny_random_model,
+)
 
-from minikv.disagg.fuzz import run_workload, safe_for_fuzzing, tiny_random_model, workloads
-from minikv.disagg.switches import SafetySwitches
+
+def positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def hunt(model, tok, seeds: int, limit: int, show: bool) -> bool:
+    """Print workloads-until-first-problem for each broken engine; True when every seed found it."""
+    all_found = True
+    for target in targets():
+        found = [first_failing(model, tok, target, seed, limit) for seed in range(seeds)]
+        counts = [f[0] for f in found if f]
+        missed = seeds - len(counts)
+        all_found &= missed == 0
+        spread = f"median {statistics.median(counts):g}, max {max(counts)}" if counts else "never found"
+        print(f"{target.name}: found after {', '.join(str(f[0]) if f else '-' for f in found)} workload(s) "
+              f"(seeds 0-{seeds - 1}; {spread}" + (f"; {missed} seed(s) found nothing in {limit})" if missed else ")"))
+        if show and found[0]:
+            print("  smallest failing workload of seed 0:", smallest_failing(model, tok, found[0][1], target))
+    return all_found
+
+
+def safe_run(model, tok, workloads: int, seed: int) -> bool:
+    """Play `workloads` seeded workloads on the safe preset and print the totals; True when clean."""
+    rng, switches = random.Random(seed), safe_for_fuzzing()
+    totals = dict.fromkeys(("requests", "cancels", "mid_transfer", "cross", "foreign", "leaked", "misdelivered",
+                            "not_once", "failing"), 0)
+    started = time.perf_counter()
+    for n in range(1, workloads + 1):
+        workload = random_workload(rng)
+        out = run_workload(model, tok, workload, switches)
+        totals["requests"] += out.submitted
+        totals["cancels"] += out.cancels
+        totals["mid_transfer"] += out.cancels_mid_transfer
+        totals["cross"] += out.cross_tenant_reads
+        totals["foreign"] += out.violations - out.cross_tenant_reads
+        totals["leaked"] += out.leaked_pages
+        totals["misdelivered"] += out.misdelivered
+        totals["not_once"] += len(out.unanswered) + sum(1 for c in out.answers.values() if c != 1)
+        if out.problems():
+            totals["failing"] += 1
+            if totals["failing"] == 1:
+                print(f"first failing safe workload (number {n}): {out.problems()}\n  {workload}")
+    t = totals
+    print(f"safe preset: {workloads:,} workloads (seed {seed}), {t['requests']:,} requests, {t['cancels']:,} cancels "
+          f"({t['mid_transfer']:,} with KV on the wire): {t['cross']} cross-tenant reads, {t['foreign']} other "
+          f"foreign reads, {t['leaked']} leaked pages, {t['misdelivered']} misdelivered, {t['not_once']} requests "
+          f"not answered exactly once; {time.perf_counter() - started:.0f} s")
+    return t["failing"] == 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=2000)
-    parser.add_argument("--preset", choices=["safe", "vulnerable"], default="safe")
+    parser.add_argument("--seeds", type=positive, default=10, help="hunts per broken engine (default 10)")
+    parser.add_argument("--limit", type=positive, default=2000, help="workloads a hunt may draw (default 2000)")
+    parser.add_argument("--safe", type=positive, default=2000, help="safe-preset workloads (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the safe run (default 0)")
+    parser.add_argument("--show", action="store_true", help="print the smallest failing workload of each hunt")
     args = parser.parse_args()
     model, tok = tiny_random_model()
-    switches = safe_for_fuzzing() if args.preset == "safe" else SafetySwitches.preset("vulnerable")
-    stats = {"examples": 0, "requests": 0, "violations": 0, "first": None}
-
-    @settings(max_examples=args.examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
-    @given(workloads())
-    def explore(workload):
-        out = run_workload(model, tok, workload, switches)
-        stats["examples"] += 1
-        stats["requests"] += out.submitted
-        bad = out.violations > 0 or out.leaked_pages > 0 or set(out.answers.values()) != {1} \
-            or len(out.answers) != out.submitted
-        if bad:
-            stats["violations"] += 1
-            stats["first"] = stats["first"] or workload
-            if args.preset == "vulnerable":
-                raise AssertionError("found")  # stop at the first one
-
-    started = time.perf_counter()
-    try:
-        explore()
-    except AssertionError:
-        pass
-    elapsed = time.perf_counter() - started
-    print(f"{args.preset}: {stats['examples']} examples, {stats['requests']} requests, "
-          f"{stats['violations']} with a violation, in {elapsed:.0f} s")
-    if args.preset == "safe":
-        if stats["first"]:
-            print("first failing workload:", stats["first"])
-        return 0 if stats["violations"] == 0 else 1
-    return 0 if stats["violations"] else 1
+    found = hunt(model, tok, args.seeds, args.limit, args.show)
+    clean = safe_run(model, tok, args.safe, args.seed)
+    return 0 if found and clean else 1
 
 
 if __name__ == "__main__":

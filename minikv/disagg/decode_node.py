@@ -12,6 +12,14 @@ node checks before decoding over pages it never wrote itself is up to the switch
 `kv_checksum` (count and Adler-32 of what arrived) and `kv_canary` (the poison left in the
 reserved pages must be gone). `deferred_release` holds an aborted request's pages until no
 write aimed at them is still in the network.
+
+The two checks see different things. The canary works page by page: it finds a prompt page the
+transfer never wrote, not stale slots inside a page it did write. A transfer copies whole pages,
+so when an over-length prompt fits in the one page sent (a prefill pool of one page and a prompt
+of exactly one page), that page arrives whole: its slots past the 1-token placeholder carry
+whatever the prefill pool last held, no poison survives, and `kv_canary` alone lets the leak
+through. `kv_checksum` still catches it by the token count (1 sent, 8 in the prompt).
+`tests/test_kv_checks.py` pins which check catches what.
 """
 
 from __future__ import annotations

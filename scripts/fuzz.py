@@ -20,7 +20,7 @@ import sys
 import time
 
 from minikv.disagg.fuzz import (
-    random_workload, run_workload, safe_for_fuzzing, smallest_failing, first_failing, targets, tiny_random_model,
+    first_failing, random_workload, run_workload, safe_for_fuzzing, smallest_failing, targets, tiny_random_model,
 )
 
 

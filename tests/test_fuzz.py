@@ -5,10 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.fuzz import (
-    random_workload, run_workload, safe_for_fuzzing, settled_always_true, smallest_failing, targets,
-    tiny_random_model, workloads_until_problem, first_failing,
+    first_failing, random_workload, run_workload, safe_for_fuzzing, settled_always_true, smallest_failing,
+    targets, tiny_random_model, workloads_until_problem,
 )
 from minikv.disagg.transfer import KVManager
 from minikv.request import Request

@@ -58,9 +58,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
         raise PromptError("empty prompt: send at least one character")
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as e:  # a lone surrogate, e.g. invalid UTF-8 read with surrogateescape
+    except UnicodeEncodeError as e:  # a lone surrogate
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:  # how Python spells an undecodable byte (argv, surrogateescape)
+            raise PromptError(f"prompt is not valid UTF-8: byte 0x{code - 0xDC00:02X} at character {e.start}; "
+                              f"send UTF-8 text") from None
         raise PromptError(f"prompt is not valid Unicode: character {e.start} is a lone surrogate "
-                          f"(U+{ord(text[e.start]):04X}); send UTF-8 text") from None
+                          f"(U+{code:04X}); send UTF-8 text") from None
     ids = encode_text(tokenizer, text)
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:

@@ -169,7 +169,7 @@ def test_pool_larger_than_memory_says_bytes_needed_and_available(capsys):
 @pytest.mark.parametrize("prompt, reason", [
     (b"ab\xff\xfecd", "not valid UTF-8: byte 0xFF at character 2"),
     (bytes(range(1, 256)), "not valid UTF-8: byte 0x80 at character 127"),  # a binary file's bytes (argv has no NUL)
-])
+], ids=["invalid-utf8", "binary-file"])
 def test_undecodable_prompt_is_a_400_not_a_traceback(prompt, reason):
     """A prompt of invalid UTF-8 bytes on the command line is a 400 with the byte named; the rest is served."""
     out = subprocess.run([sys.executable, "-m", "minikv", "generate", "--prompt", prompt, "--prompt",

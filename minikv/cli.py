@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="train the shipped tiny model")
+    p = sub.add_parser("train", help="train the tiny model into --out DIR")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (required)")
     p.add_argument("--overwrite-shipped", action="store_true", help="allow --out to be the shipped data/tiny-llama")
     p.add_argument("--seed", type=int, default=0)

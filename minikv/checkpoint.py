@@ -148,23 +148,28 @@ def vocabulary_problem(hf_config: LlamaConfig, tokenizer: PreTrainedTokenizerBas
     return None
 
 
+def and_more(keys: list) -> str:
+    """" (and N more)" after the first of `keys` is named, or nothing."""
+    return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+
+
 def weights_problem(hf_config: LlamaConfig, expected: set[str], info: dict) -> str | None:
     """What disagrees between config.json and the weights, from transformers' loading report."""
     missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
+    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]  # old checkpoints: a derived buffer
     layers = {int(m.group(1)) for k in (expected - set(missing)) | set(unexpected)
               if (m := re.match(r"model\.layers\.(\d+)\.", k))}
     held = max(layers) + 1 if layers else 0
     if held != hf_config.num_hidden_layers:
         return f"config.json says num_hidden_layers={hf_config.num_hidden_layers} but the weights hold {held} layers"
-    more = lambda keys: f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""  # noqa: E731
     if mismatched:
         key, in_file, from_config = sorted(mismatched)[0]
         return (f"{key} is {tuple(in_file)} in the weights but config.json implies {tuple(from_config)}"
-                f"{more(mismatched)}: config.json does not describe these weights")
+                f"{and_more(mismatched)}: config.json does not describe these weights")
     if missing:
-        return f"the weights lack {sorted(missing)[0]}{more(missing)}, which config.json describes"
+        return f"the weights lack {sorted(missing)[0]}{and_more(missing)}, which config.json describes"
     if unexpected:
-        return f"the weights hold {sorted(unexpected)[0]}{more(unexpected)}, which config.json does not describe"
+        return f"the weights hold {sorted(unexpected)[0]}{and_more(unexpected)}, which config.json does not describe"
     return None
 
 

@@ -3,7 +3,7 @@
     info        what a serving engineer reads in a startup log
     generate    run prompts through the paged engine (greedy by default)
     demo        replay the over-length or late-write incident under chosen safety switches
-    train       rebuild the shipped tiny model in data/tiny-llama
+    train       train the tiny model into --out DIR (the shipped one only with --overwrite-shipped)
     bench       minikv against transformers on the same workload
     scan-logs   the customer checklist over a gateway log
     make-logs   write a synthetic gateway log
@@ -35,12 +35,37 @@ def positive_int(text: str) -> int:
     return value
 
 
+def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
+    """Where `train` may write: given explicitly, and never the shipped model unless told so."""
+    from minikv.checkpoint import DEFAULT_MODEL_DIR
+
+    if out is None:
+        raise CliError("train needs --out DIR: where to write the model (the shipped data/tiny-llama is "
+                       "replaced only with --out data/tiny-llama --overwrite-shipped)")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--out {out} is a file; give a directory for the checkpoint")
+    if path.resolve() == DEFAULT_MODEL_DIR.resolve() and not overwrite_shipped:
+        raise CliError(f"--out {out} is the shipped model; add --overwrite-shipped to replace it")
+    return path
+
+
+def check_threads(threads: int) -> None:
+    """At most one torch thread per CPU core: far more crashes OpenMP (100,000 segfaults)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise CliError(f"--threads {threads}: this machine has {cores} CPU core(s); give 1 to {cores}")
+
+
 def load(model_dir: str | None, device: str | None):
     from minikv.checkpoint import CheckpointError, load_model
+    from minikv.devices import DeviceError
 
     try:
         return load_model(model_dir, device=device)
-    except CheckpointError as e:
+    except (CheckpointError, DeviceError) as e:
         raise CliError(str(e)) from None
 
 
@@ -48,10 +73,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     from minikv.config import EngineConfig
     from minikv.engine import Engine
 
+    from minikv.checkpoint import describe_model_dir
+
     model, tok = load(args.model, args.device)
     mc = model.config
     engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
-    print(f"model: {args.model or 'data/tiny-llama (shipped)'}")
+    print(f"model: {describe_model_dir(args.model)}")
     print(f"device: {model.device} ({model.dtype})")
     print(f"parameters: {model.num_parameters():,}")
     print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, vocab: {mc.vocab_size}")
@@ -112,17 +139,23 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from minikv.training.train import TrainConfig, train
 
+    out = check_out_dir(args.out, args.overwrite_shipped)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cfg = TrainConfig(seed=args.seed)
     if args.quick:
         cfg = TrainConfig(seed=args.seed, induction_steps=10, copy_steps=10, leak_steps=10, polish_steps=10)
-    train(cfg, Path(args.out), resume_from=Path(args.resume) if args.resume else None)
+    train(cfg, out, resume_from=Path(args.resume) if args.resume else None)
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import run_command
+    from minikv.bench.plot import plot_path_problem
 
+    check_threads(args.threads)
+    problem = plot_path_problem(args.plot) if args.plot else None
+    if problem:  # before the benchmark runs, not after
+        raise CliError(f"--plot {args.plot}: {problem}")
     model, tok = load(args.model, args.device)
     return run_command(model, tok, args)
 
@@ -161,8 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="train the shipped tiny model")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "data" / "tiny-llama"))
+    p = sub.add_parser("train", help="train the tiny model into --out DIR")
+    p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (required)")
+    p.add_argument("--overwrite-shipped", action="store_true", help="allow --out to be the shipped data/tiny-llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few steps only, to check the pipeline")
     p.add_argument("--resume", metavar="DIR", help="skip phases 0-2: polish this checkpoint (phase 3)")

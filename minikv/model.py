@@ -24,7 +24,7 @@ from minikv.attention import AttentionBackend
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The numbers that shape a Llama; read from a transformers `LlamaConfig`."""
+    """The numbers that shape a Llama; read from a transformers `LlamaConfig` by checkpoint.model_config_from_hf."""
 
     vocab_size: int
     hidden_size: int
@@ -51,33 +51,6 @@ class ModelConfig:
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V one token occupies across all layers, in float32."""
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
-    @classmethod
-    def from_hf(cls, hf_config) -> "ModelConfig":
-        """Read a transformers LlamaConfig; refuse what this model does not implement."""
-        rope = getattr(hf_config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type != "default":
-            raise ValueError(f"rope_type {rope_type!r} is not supported (only 'default')")
-        if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
-            raise ValueError("attention or MLP biases are not supported")
-        if getattr(hf_config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported (only 'silu')")
-        num_heads = hf_config.num_attention_heads
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-        return cls(
-            vocab_size=hf_config.vocab_size,
-            hidden_size=hf_config.hidden_size,
-            intermediate_size=hf_config.intermediate_size,
-            num_layers=hf_config.num_hidden_layers,
-            num_heads=num_heads,
-            num_kv_heads=hf_config.num_key_value_heads or num_heads,
-            head_dim=head_dim,
-            max_position_embeddings=hf_config.max_position_embeddings,
-            rms_norm_eps=hf_config.rms_norm_eps,
-            rope_theta=float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))),
-            tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-        )
 
 
 class RMSNorm(nn.Module):

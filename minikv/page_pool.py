@@ -12,14 +12,36 @@ That is why, in a leak, the stale data a new request sees is the *most recent* t
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from minikv.devices import available_memory_bytes
 from minikv.model import ModelConfig
 
 
 class PoolExhausted(RuntimeError):
     """allocate() was called without checking can_allocate() first."""
+
+
+class PoolTooLarge(ValueError):
+    """The pool asked for needs more memory than the device has; the message gives both numbers."""
+
+
+def allocate_pool(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    """An uninitialised tensor of `shape`, or PoolTooLarge naming the bytes needed and the bytes free."""
+    need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    free = available_memory_bytes(device)
+    num_pages, page_size = shape[2], shape[3]
+    too_large = (f"a KV pool of {num_pages:,} pages x {page_size} tokens needs {need:,} bytes; "
+                 f"{device} has {{}} bytes available: lower num_pages or page_size")
+    if free is not None and need > free:
+        raise PoolTooLarge(too_large.format(f"{free:,}"))
+    try:
+        return torch.empty(shape, device=device, dtype=dtype)
+    except (torch.OutOfMemoryError, RuntimeError):  # the allocator refused although the check passed
+        raise PoolTooLarge(too_large.format(f"{free:,}" if free is not None else "fewer")) from None
 
 
 class PagePool:
@@ -34,7 +56,7 @@ class PagePool:
             raise ValueError(f"a pool needs at least one page, got num_pages={num_pages}")
         self.page_size, self.num_pages = page_size, num_pages
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
-        self.kv = torch.empty(shape, device=device, dtype=dtype)  # (L, 2, P, page, KVH, D)
+        self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
         # Fresh memory holds whatever was there before; fill it once at boot so that runs are
         # reproducible. This is the only time the pool is cleared (unless scrub_on_free).
         self.kv.zero_()

@@ -40,16 +40,43 @@ class PromptError(ValueError):
     """A prompt the engine must refuse with HTTP 400; the message says why."""
 
 
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of `text` read as plain characters: "</s>" in the text is 4 characters, never EOS.
+
+    `split_special_tokens=True` stops the tokenizer from matching special-token strings in the
+    text, so a prompt cannot smuggle a control token (end of sequence, padding) into the serving
+    layer. Every path that encodes prompt text goes through here.
+    """
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of `text`, refusing an empty prompt or one with characters the model lacks."""
-    if not isinstance(text, str) or text == "":
+    """Token ids of `text`, or PromptError naming the first problem: the reason for a 400."""
+    if not isinstance(text, str):
+        raise PromptError(f"prompt must be a string, got {type(text).__name__}")
+    if text == "":
         raise PromptError("empty prompt: send at least one character")
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:  # how Python spells an undecodable byte (argv, surrogateescape)
+            raise PromptError(f"prompt is not valid UTF-8: byte 0x{code - 0xDC00:02X} at character {e.start}; "
+                              f"send UTF-8 text") from None
+        raise PromptError(f"prompt is not valid Unicode: character {e.start} is a lone surrogate "
+                          f"(U+{code:04X}); send UTF-8 text") from None
+    ids = encode_text(tokenizer, text)
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:
-        bad = sorted({ch for ch in text if tokenizer.encode(ch, add_special_tokens=False) == [unk]})
+        bad = sorted({ch for ch in text if encode_text(tokenizer, ch) == [unk]})
+        if not bad:  # a multi-character piece the tokenizer cannot spell
+            raise PromptError(f"prompt has text the tokenizer maps to {tokenizer.unk_token!r} (outside the model's vocabulary)")
         shown = ", ".join(repr(ch) for ch in bad[:5])
         raise PromptError(f"prompt has {len(bad)} character(s) outside the model's vocabulary: {shown}")
+    control = sorted(set(ids) & set(tokenizer.all_special_ids))
+    if control:  # a tokenizer that ignores split_special_tokens: refuse rather than obey the text
+        raise PromptError(f"prompt text encodes to control token(s) {tokenizer.convert_ids_to_tokens(control)}; "
+                          f"refused: prompt text must never become a control token")
     return ids
 
 

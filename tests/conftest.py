@@ -28,3 +28,21 @@ def tiny():
 
     torch.manual_seed(0)
     return load_model(device="cpu")
+
+
+@pytest.fixture
+def altered_checkpoint(tmp_path):
+    """A copy of the shipped checkpoint in a tmp dir, its config.json changed and some files dropped."""
+    import json
+    import shutil
+
+    from minikv.checkpoint import DEFAULT_MODEL_DIR
+
+    def make(drop: tuple[str, ...] = (), **config_changes):
+        path = tmp_path / "altered"
+        shutil.copytree(DEFAULT_MODEL_DIR, path, ignore=shutil.ignore_patterns(*drop))
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, **config_changes}))
+        return path
+
+    return make

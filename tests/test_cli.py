@@ -115,3 +115,145 @@ def test_shipped_model_is_small_and_loads_offline():
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     assert model.num_parameters() > 1_000_000 and tok.encode("\n") == [0]
+
+
+# -- bad inputs, in process: each ends with one `error:` line and exit 2 -------------------------
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`python -m minikv ARGS` in this process: exit status, stdout, stderr."""
+    from minikv.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    """The single `error: ...` line a bad input must produce (and nothing else on stderr)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def absent_devices() -> list[str]:
+    """Device names this machine cannot run on (which ones depends on the machine)."""
+    import torch
+
+    names = [f"cuda:{torch.cuda.device_count()}", "foo"]
+    if not torch.cuda.is_available():
+        names.append("cuda")
+    if not torch.backends.mps.is_available():
+        names.append("mps")
+    return names
+
+
+@pytest.mark.parametrize("device", absent_devices())
+def test_info_on_an_absent_device_is_one_line(capsys, device):
+    """info --device cuda / cuda:N / mps / foo on a machine without it: one line naming the device."""
+    code, _, err = run_main(capsys, "info", "--device", device)
+    assert code == 2 and f"'{device}'" in one_error_line(err)
+
+
+def test_generate_on_meta_device_is_one_line(capsys):
+    """generate --device meta is refused: meta holds no data."""
+    code, _, err = run_main(capsys, "generate", "--prompt", "hi\\n", "--device", "meta")
+    assert code == 2 and "'meta' holds tensor shapes but no data" in one_error_line(err)
+
+
+def test_pool_larger_than_memory_says_bytes_needed_and_available(capsys):
+    """info --num-pages 1000000000 names the bytes the pool needs and the bytes there are."""
+    code, _, err = run_main(capsys, "info", "--num-pages", "1000000000")
+    line = one_error_line(err)
+    assert code == 2 and "needs 98,304,000,000,000 bytes" in line and "bytes available" in line
+
+
+@pytest.mark.parametrize("prompt, reason", [
+    (b"ab\xff\xfecd", "not valid UTF-8: byte 0xFF at character 2"),
+    (bytes(range(1, 256)), "not valid UTF-8: byte 0x80 at character 127"),  # a binary file's bytes (argv has no NUL)
+], ids=["invalid-utf8", "binary-file"])
+def test_undecodable_prompt_is_a_400_not_a_traceback(prompt, reason):
+    """A prompt of invalid UTF-8 bytes on the command line is a 400 with the byte named; the rest is served."""
+    out = subprocess.run([sys.executable, "-m", "minikv", "generate", "--prompt", prompt, "--prompt",
+                          "alice: save pin 1.\\n", "--json", "--max-tokens", "4"], capture_output=True, timeout=300)
+    assert out.returncode == 1 and b"Traceback" not in out.stderr
+    bad, good = json.loads(out.stdout)
+    assert bad["status"] == 400 and reason in bad["error"] and good["status"] == 200
+
+
+@pytest.fixture
+def bench_calls(monkeypatch) -> list:
+    """Replace the benchmark by a recorder: a test sees whether it would have run, and nothing runs."""
+    import minikv.bench.benchmark as benchmark
+
+    calls: list = []
+    monkeypatch.setattr(benchmark, "run_command", lambda model, tok, args: calls.append(args) or 0)
+    return calls
+
+
+@pytest.mark.parametrize("plot, reason", [
+    ("/nonexistent/dir/x.png", "folder /nonexistent/dir does not exist"),
+    ("figure.docx", "unsupported figure format '.docx'"),
+    ("figure", "unsupported figure format '(none)'"),
+])
+def test_bad_plot_path_fails_before_the_benchmark(capsys, bench_calls, plot, reason):
+    """bench --plot to a missing folder or an unknown format fails at once, the benchmark never started."""
+    code, _, err = run_main(capsys, "bench", "--quick", "--plot", plot)
+    assert code == 2 and reason in one_error_line(err) and bench_calls == []
+
+
+def test_bench_threads_are_bounded_by_the_cores(capsys, bench_calls):
+    """bench --threads 100000 is refused with the core count (it used to segfault in OpenMP)."""
+    code, _, err = run_main(capsys, "bench", "--threads", "100000")
+    assert code == 2 and "CPU core(s)" in one_error_line(err) and bench_calls == []
+
+
+@pytest.fixture
+def train_calls(monkeypatch) -> list:
+    """Replace training by a recorder of where it would write: nothing is trained or overwritten."""
+    import minikv.training.train as training
+
+    calls: list = []
+    monkeypatch.setattr(training, "train", lambda cfg, out, resume_from=None: calls.append(out))
+    return calls
+
+
+def test_train_without_out_refuses_and_writes_nothing(capsys, train_calls):
+    """train --quick with no --out is refused: it used to overwrite the shipped data/tiny-llama."""
+    code, _, err = run_main(capsys, "train", "--quick")
+    assert code == 2 and "train needs --out DIR" in one_error_line(err) and train_calls == []
+
+
+def test_train_into_the_shipped_model_needs_overwrite_shipped(capsys, train_calls):
+    """--out data/tiny-llama alone is refused; with --overwrite-shipped it is allowed."""
+    from minikv.checkpoint import DEFAULT_MODEL_DIR
+
+    code, _, err = run_main(capsys, "train", "--quick", "--out", str(DEFAULT_MODEL_DIR))
+    assert code == 2 and "--overwrite-shipped" in one_error_line(err) and train_calls == []
+    code, _, _ = run_main(capsys, "train", "--quick", "--out", str(DEFAULT_MODEL_DIR), "--overwrite-shipped")
+    assert code == 0 and train_calls == [DEFAULT_MODEL_DIR]
+
+
+def test_model_path_that_is_a_file_says_so(capsys):
+    """--model FILE says it is a file, not that it does not exist."""
+    from minikv.checkpoint import DEFAULT_MODEL_DIR
+
+    code, _, err = run_main(capsys, "info", "--model", str(DEFAULT_MODEL_DIR / "config.json"))
+    assert code == 2 and "is a file; give the checkpoint's directory" in one_error_line(err)
+
+
+def test_info_names_minikv_model_rather_than_shipped(capsys, monkeypatch, tmp_path):
+    """With MINIKV_MODEL set, info names that directory, not "(shipped)"."""
+    import shutil
+
+    from minikv.checkpoint import DEFAULT_MODEL_DIR
+
+    shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "mine")
+    monkeypatch.setenv("MINIKV_MODEL", str(tmp_path / "mine"))
+    code, out, _ = run_main(capsys, "info")
+    assert code == 0 and f"model: {tmp_path / 'mine'} (from MINIKV_MODEL)" in out and "shipped" not in out
+
+
+def test_mismatched_checkpoint_is_one_line(capsys, altered_checkpoint):
+    """A config.json claiming 2 layers over 4-layer weights is refused by the CLI in one line."""
+    path = altered_checkpoint(num_hidden_layers=2)
+    code, _, err = run_main(capsys, "info", "--model", str(path))
+    assert code == 2 and "num_hidden_layers=2 but the weights hold 4 layers" in one_error_line(err)

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from minikv.attention import DenseAttention, causal_mask
-from minikv.checkpoint import from_hf_state_dict
+from minikv.checkpoint import from_hf_state_dict, model_config_from_hf
 from minikv.contiguous_cache import ContiguousCache
 from minikv.model import Llama, ModelConfig
 
@@ -29,7 +29,7 @@ def random_pair(seed: int, **overrides) -> tuple[Llama, LlamaForCausalLM]:
     hf = LlamaForCausalLM(hf_cfg).eval()
     for p in hf.parameters():  # make norms non-trivial too
         p.data.normal_(0, 0.2)
-    cfg = ModelConfig.from_hf(hf_cfg)
+    cfg = model_config_from_hf(hf_cfg)
     ours = Llama(cfg).eval()
     ours.load_state_dict(from_hf_state_dict(hf.state_dict(), cfg))
     return ours, hf
@@ -97,4 +97,4 @@ def test_unsupported_rope_scaling_is_refused():
     cfg = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ValueError, match="rope_type 'linear'"):
-        ModelConfig.from_hf(cfg)
+        model_config_from_hf(cfg)

@@ -6,6 +6,7 @@ what it uses, and what each safety switch costs the disaggregated pair.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from minikv.bench.report import BenchReport
@@ -59,6 +60,24 @@ def bench_figure(report: BenchReport):
     fig.suptitle(report.machine, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plot_path_problem(path: str | Path) -> str | None:
+    """Why the figure could not be written to `path` (folder, format), checked before any benchmark runs."""
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    formats = Figure().canvas.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        return f"unsupported figure format {path.suffix or '(none)'!r}; use one of {', '.join('.' + f for f in sorted(formats))}"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"folder {folder} is not writable"
+    if path.is_dir():
+        return "is a folder; give a file name"
+    return None
 
 
 def save_figure(report: BenchReport, path: str | Path) -> Path:

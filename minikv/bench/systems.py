@@ -31,7 +31,7 @@ from minikv.engine import Engine
 from minikv.model import Llama
 from minikv.request import Request
 from minikv.bench.static_batch import generate_static_batch
-from minikv.tokenizer import decode
+from minikv.tokenizer import decode, encode_text
 
 TENANT = "bench"
 
@@ -75,7 +75,7 @@ def completion(tokenizer: PreTrainedTokenizerBase, ids: list[int], max_tokens: i
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> list[list[int]]:
-    return [tokenizer.encode(r.prompt, add_special_tokens=False) for r in workload]
+    return [encode_text(tokenizer, r.prompt) for r in workload]
 
 
 # -- transformers -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.admission import Rejected, check_context, check_request
 from minikv.audit import OwnershipAudit
+from minikv.devices import pick_device
 from minikv.disagg.decode_node import DecodeNode
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.switches import SafetySwitches
@@ -86,7 +87,7 @@ def startup_problem(config: ClusterConfig) -> str | None:
 
 def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, torch.device]:
     if config.devices is not None:
-        return torch.device(config.devices[0]), torch.device(config.devices[1])
+        return pick_device(config.devices[0]), pick_device(config.devices[1])
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         return torch.device("cuda:0"), torch.device("cuda:1")
     return model.device, model.device

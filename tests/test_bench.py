@@ -7,7 +7,7 @@ import torch
 
 from minikv.bench import systems
 from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
-from minikv.bench.report import BenchReport, SystemResult, summarize
+from minikv.bench.report import BenchReport, SystemResult, p99, summarize
 from minikv.bench.systems import Completion
 from minikv.kv_accounting import contiguous_use, paged_use
 from minikv.checkpoint import to_hf_model
@@ -115,6 +115,20 @@ def test_ratios_pair_the_runs_of_each_repeat():
     report.results["pair_vulnerable"] = summarize(vulnerable)
     assert report.results["pair_vulnerable"].wall_s / report.results["pair_safe"].wall_s == pytest.approx(1.5)
     assert report.ratios()["safe_over_vulnerable"] == pytest.approx(0.9)
+
+
+def test_ttft_percentiles_interpolate_between_neighbours():
+    """p99 of 0 and 10 is 9.9, of 1..101 it is 100, of one value that value; p50 is the median."""
+    assert p99([10.0, 0.0]) == pytest.approx(9.9) and p99([float(x) for x in range(1, 102)]) == 100.0
+    assert p99([0.25]) == 0.25
+    run = systems.Run([Completion("x", 10)], [0.4, 0.1, 0.2, 0.3], 1.0)
+    assert summarize([run]).ttft_p50_s == pytest.approx(0.25)
+
+
+def test_summarize_keeps_the_run_with_the_median_wall_time():
+    """Of walls 3, 1, 2, 4 the run of wall 2 (the lower middle) stands for the system."""
+    runs = [systems.Run([Completion("x", 10)], [0.1], wall) for wall in (3.0, 1.0, 2.0, 4.0)]
+    assert summarize(runs).wall_s == 2.0
 
 
 def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):

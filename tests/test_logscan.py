@@ -477,3 +477,42 @@ def test_cli_bad_input_is_one_line_not_a_traceback(argv: list[str], message: str
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def minikv_with_input(data: bytes, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minikv", *argv], input=data, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+def test_cli_reads_stdin_from_a_pipe(packed: bool):
+    """`... | scan-logs - --json` scans what arrives on stdin, plain or gzip, like a file."""
+    data = numbered_log(30)
+    done = minikv_with_input(gzip.compress(data) if packed else data, "scan-logs", "-", "--json")
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["affected"] == [f"r{i}" for i in range(1, 31)]
+
+
+def test_cli_reads_a_named_pipe(tmp_path: Path):
+    """A FIFO (what `<(zcat log.gz)` gives) cannot seek; it is read all the same."""
+    import os
+    import threading
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(gzip.compress(numbered_log(12))))
+    writer.start()
+    done = minikv("scan-logs", str(fifo), "--json")
+    writer.join(timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert len(json.loads(done.stdout)["affected"]) == 12
+
+
+def test_cli_truncated_gzip_prints_the_report_then_one_error_line(tmp_path: Path):
+    """A log cut short: the rows before the cut are reported, then exit 2 with one error line."""
+    packed = gzip.compress(numbered_log(5_000))
+    (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    done = minikv("scan-logs", str(tmp_path / "cut.jsonl.gz"), "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 2 and len(report["affected"]) > 1_000
+    assert report["read_error"] and "breaks off after line" in report["read_error"]
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")

@@ -104,9 +104,11 @@ def read_lines(stream: BinaryIO, source: str, max_line_bytes: int = MAX_LINE_BYT
         if not chunk:
             break
         *complete, rest = chunk.split(b"\n")
-        for piece in complete:
-            lines_read += 1
-            yield finish(piece)
+        if complete:
+            lines_read += len(complete)
+            yield finish(complete[0])  # the line that began in an earlier chunk
+            for piece in complete[1:]:  # whole inside this chunk, so shorter than CHUNK_BYTES
+                yield piece if len(piece) <= max_line_bytes else OverlongLine(len(piece))
         if dropped or len(pending) + len(rest) > max_line_bytes:
             dropped += len(pending) + len(rest)  # too long to be a record: count it, keep nothing
             pending.clear()

@@ -42,14 +42,13 @@ def parse_timestamp(text: str) -> tuple[datetime, bool]:
     match = _EXTENDED.fullmatch(text) or _BASIC.fullmatch(text)
     if match is None:
         raise ValueError(f"not an ISO 8601 date and time: {text[:40]!r}")
-    part = match.groupdict()
-    microsecond = int((part["fraction"] or "0")[:6].ljust(6, "0"))
-    when = datetime(int(part["year"]), int(part["month"]), int(part["day"]), int(part["hour"]),
-                    int(part["minute"]), int(part["second"] or 0), microsecond)  # ValueError if out of range
-    if part["sign"] is None:
-        return when.replace(tzinfo=timezone.utc), part["utc"] is None
-    offset = timedelta(hours=int(part["off_h"]), minutes=int(part["off_m"] or 0))
-    if offset >= timedelta(hours=24) or int(part["off_m"] or 0) > 59:
+    year, month, day, hour, minute, second, fraction, utc, sign, off_h, off_m = match.groups()
+    microsecond = int(fraction[:6].ljust(6, "0")) if fraction else 0
+    fields = (int(year), int(month), int(day), int(hour), int(minute), int(second or 0), microsecond)
+    if sign is None:  # Z, or no zone at all (then UTC is assumed, and the caller told)
+        return datetime(*fields, tzinfo=timezone.utc), utc is None  # ValueError if out of range
+    offset = timedelta(hours=int(off_h), minutes=int(off_m or 0))
+    if offset >= timedelta(hours=24) or int(off_m or 0) > 59:
         raise ValueError(f"offset {text[match.start('sign'):]!r} is not a time zone")
-    zone = timezone(offset if part["sign"] == "+" else -offset)
-    return when.replace(tzinfo=zone).astimezone(timezone.utc), False
+    zone = timezone(offset if sign == "+" else -offset)
+    return datetime(*fields, tzinfo=zone).astimezone(timezone.utc), False

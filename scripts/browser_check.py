@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")
 DEFAULT_NOTEBOOK = ROOT / "tests" / "browser" / "widget_demo.ipynb"
 DEFAULT_SCREENSHOT = "/tmp/minikv_browser_check.png"
+FAILURE_SCREENSHOT = "/tmp/minikv_browser_check_failed.png"
 # Without the networking flags headless Chromium floods the log with refused connections.
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -44,6 +45,7 @@ NEWS_SETTINGS = ("@jupyterlab/apputils-extension", "notification.jupyterlab-sett
 IDLE_KERNEL = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 WIDGET_IMAGE = ".jp-OutputArea-output img.widget-image, .widget-output img"
 STATIC_IMAGE = ".jp-RenderedImage img"  # a PNG output outside any widget
+CELL_RAN = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"
 
 
 @dataclass
@@ -149,7 +151,31 @@ def expect(page, selector: str, what: str, timeout_ms: float) -> None:
     try:
         page.wait_for_selector(selector, timeout=timeout_ms)
     except PlaywrightTimeout:
-        raise AssertionError(f"{what} never appeared in the page ({selector!r}, {timeout_ms / 1000:.0f} s)") from None
+        shot = FAILURE_SCREENSHOT
+        page.screenshot(path=shot, full_page=True)  # what the page showed instead
+        raise AssertionError(f"{what} never appeared in the page ({selector!r}, {timeout_ms / 1000:.0f} s);"
+                             f" the page as it was: {shot}") from None
+
+
+def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
+    """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]).
+
+    A click that lands before the notebook panel is active does nothing, and on a loaded machine
+    that can happen even after the panel is drawn: without a retry the first widget wait then
+    spends its whole timeout on a notebook that never started.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(attempts):
+        page.click(".jp-NotebookPanel .jp-Cell >> nth=0")  # Run All does nothing until the panel is active
+        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+        page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')")
+        try:
+            page.wait_for_function(CELL_RAN, timeout=started_ms)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"Run All Cells started no cell in {attempts} tries of {started_ms / 1000:.0f} s")
 
 
 def drawn_images(page, selector: str) -> int:
@@ -173,9 +199,7 @@ def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s:
             page.goto(url, timeout=first_ms)
             page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=first_ms)
             page.wait_for_selector(IDLE_KERNEL, timeout=first_ms)
-            page.click(".jp-NotebookPanel .jp-Cell >> nth=0")  # Run All does nothing until the panel is active
-            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-            page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')")
+            run_all_cells(page)
             expect(page, ".widget-slider .widget-readout", "a slider widget", first_ms)
             expect(page, ".widget-play button", "a Play button", ms)
             expect(page, WIDGET_IMAGE, "a page-map image inside the widget", ms)

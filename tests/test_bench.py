@@ -7,13 +7,19 @@ import torch
 
 from minikv.bench import systems
 from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
-from minikv.bench.report import JSON_KEYS, RATIO_KEYS, BenchReport, SystemResult, summarize
+from minikv.bench.report import BenchReport, SystemResult, p99, summarize
 from minikv.bench.systems import Completion
 from minikv.kv_accounting import contiguous_use, paged_use
 from minikv.checkpoint import to_hf_model
 from minikv.disagg.switches import SafetySwitches
 from minikv.model import Llama, ModelConfig
 from minikv.tokenizer import build_char_tokenizer
+
+
+# The `bench --json` contract, written out here rather than imported from the module it checks.
+EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
+EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
+                   "safe_over_vulnerable"}
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +87,8 @@ def test_completion_stops_where_the_engine_stops():
 def test_json_has_exactly_the_issue_keys():
     """device, tokens_per_s, ratios (five), kv_waste (paged, contiguous) as fractions, outputs_equal."""
     data = fake_report().to_json()
-    assert tuple(data) == JSON_KEYS
-    assert set(data["ratios"]) == set(RATIO_KEYS)
+    assert tuple(data) == EXPECTED_KEYS
+    assert set(data["ratios"]) == EXPECTED_RATIOS
     assert set(data["kv_waste"]) == {"paged", "contiguous"}
     assert data["kv_waste"] == {"paged": pytest.approx(3 / 100), "contiguous": pytest.approx(53 / 150)}
     assert data["ratios"]["paged_over_contiguous_step"] == pytest.approx(1.1)
@@ -111,6 +117,20 @@ def test_ratios_pair_the_runs_of_each_repeat():
     assert report.ratios()["safe_over_vulnerable"] == pytest.approx(0.9)
 
 
+def test_ttft_percentiles_interpolate_between_neighbours():
+    """p99 of 0 and 10 is 9.9, of 1..101 it is 100, of one value that value; p50 is the median."""
+    assert p99([10.0, 0.0]) == pytest.approx(9.9) and p99([float(x) for x in range(1, 102)]) == 100.0
+    assert p99([0.25]) == 0.25
+    run = systems.Run([Completion("x", 10)], [0.4, 0.1, 0.2, 0.3], 1.0)
+    assert summarize([run]).ttft_p50_s == pytest.approx(0.25)
+
+
+def test_summarize_keeps_the_run_with_the_median_wall_time():
+    """Of walls 3, 1, 2, 4 the run of wall 2 (the lower middle) stands for the system."""
+    runs = [systems.Run([Completion("x", 10)], [0.1], wall) for wall in (3.0, 1.0, 2.0, 4.0)]
+    assert summarize(runs).wall_s == 2.0
+
+
 def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):
     """hf one-by-one, hf padded, minikv contiguous and paged, and the safe pair return the same completions."""
     model, tok = tiny_random
@@ -129,7 +149,7 @@ def test_run_bench_end_to_end_json(tiny_random):
     model, tok = tiny_random
     report = run_bench(model, tok, BenchSettings.quick(num_requests=2), progress=False)
     data = report.to_json()
-    assert tuple(data) == JSON_KEYS and data["outputs_equal"] is True
+    assert tuple(data) == EXPECTED_KEYS and set(data["ratios"]) == EXPECTED_RATIOS and data["outputs_equal"] is True
     assert {"hf_sequential", "hf_padded", "minikv_contiguous", "minikv_paged", "pair_safe",
             "pair_vulnerable"} <= set(data["tokens_per_s"])
     assert all(0 <= w < 1 for w in data["kv_waste"].values())

@@ -1,14 +1,17 @@
 """The widgets in a real browser: JupyterLab in headless Chromium runs a notebook and Play moves.
 
-Runs when /usr/bin/chromium and the `playwright` package are installed (CI installs both);
-skipped otherwise. The notebook is tests/browser/widget_demo.ipynb unless $MINIKV_BROWSER_NOTEBOOK
-names another; the screenshot goes to $MINIKV_SCREENSHOT or /tmp/minikv_browser_check.png.
+The notebook opened is notebooks/02_page_pools_and_block_tables.ipynb (its page-map player),
+unless $MINIKV_BROWSER_NOTEBOOK names another; the screenshot goes to $MINIKV_SCREENSHOT or
+/tmp/minikv_browser_check.png. Needs /usr/bin/chromium (or $MINIKV_CHROMIUM) and the `playwright`
+package: without them the tests are skipped on a developer's machine, and fail under CI=true,
+where a missing browser means the check never ran.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,13 +29,49 @@ def _browser_check():
     return module
 
 
+def missing_browser_parts(chromium: str) -> list[str]:
+    """What the browser check needs and this machine lacks, each with the command that installs it."""
+    missing = [] if Path(chromium).exists() else [f"no {chromium} (apt-get install -y chromium)"]
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("no playwright package (pip install playwright)")
+    return missing
+
+
+def on_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
 @pytest.fixture(scope="module")
 def seen():
     """Run the browser check once; every test below reads what it saw."""
-    if not Path("/usr/bin/chromium").exists():
-        pytest.skip("no /usr/bin/chromium: apt-get install -y chromium to run the browser check")
-    pytest.importorskip("playwright", reason="no playwright package: pip install playwright to run the browser check")
-    return _browser_check().check(NOTEBOOK)
+    check = _browser_check()
+    missing = missing_browser_parts(check.CHROMIUM)
+    if missing and on_ci():
+        pytest.fail(f"CI=true but the browser check cannot run: {'; '.join(missing)}", pytrace=False)
+    if missing:
+        pytest.skip(f"browser check skipped: {'; '.join(missing)}")
+    return check.check(NOTEBOOK)
+
+
+def run_browser_tests_without_chromium(ci: str) -> subprocess.CompletedProcess:
+    """This file's first browser test in a child pytest that is told Chromium is elsewhere."""
+    env = dict(os.environ, CI=ci, MINIKV_CHROMIUM="/nonexistent/chromium")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               f"{__file__}::test_slider_and_play_render"]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_missing_chromium_fails_under_ci():
+    """With CI=true a missing browser is a failure naming what to install, not a silent skip."""
+    done = run_browser_tests_without_chromium("true")
+    assert done.returncode != 0, done.stdout
+    assert "1 error" in done.stdout and "no /nonexistent/chromium (apt-get install -y chromium)" in done.stdout
+
+
+def test_missing_chromium_skips_off_ci():
+    """Without CI the same run skips, saying why."""
+    done = run_browser_tests_without_chromium("")
+    assert done.returncode == 0 and "1 skipped" in done.stdout, done.stdout
 
 
 def test_slider_and_play_render(seen):

@@ -43,16 +43,18 @@ def test_greedy_generation_matches_transformers_on_20_prompts(tiny):
 
 def test_paged_engine_matches_contiguous_and_transformers_on_50_mixes(tiny):
     """50 random batches (1-6 prompts, mixed lengths and max_tokens, pools of several sizes):
-    the batched paged engine's tokens equal one-at-a-time contiguous decoding and transformers."""
+    the batched paged engine's tokens equal one-at-a-time contiguous decoding and transformers,
+    and the small pools really did preempt requests along the way."""
     model, tok = tiny
     hf = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
     rng = random.Random(50)
+    preempted_mixes = 0
     for mix in range(50):
         prompts = [random_prompt(rng) for _ in range(rng.randint(1, 6))]
         max_tokens = [rng.randint(1, 40) for _ in prompts]
         page_size = rng.choice([4, 16])
-        pages = rng.choice([384, 768, 4096]) // page_size  # small pools force waiting and preemption
-        engine = Engine(model, tok, EngineConfig(num_pages=pages, page_size=page_size))
+        pages = rng.choice([192, 384, 4096]) // page_size  # small pools force waiting and preemption (asserted below)
+        engine = Engine(model, tok, EngineConfig(num_pages=pages, page_size=page_size, event_log=True))
 
         ids = [engine.submit(Request(p, "t", m)) for p, m in zip(prompts, max_tokens)]
         engine.run()
@@ -63,3 +65,5 @@ def test_paged_engine_matches_contiguous_and_transformers_on_50_mixes(tiny):
             if mix % 5 == 0:  # transformers is slow; every fifth mix is enough to pin it
                 assert got == hf_greedy(hf, tok, prompt, m), (mix, prompt)
         assert engine.pool.num_free_pages == pages and engine.audit.violations == 0
+        preempted_mixes += bool(engine.log.of_kind("preempt"))
+    assert preempted_mixes >= 5, f"only {preempted_mixes} of 50 mixes preempted: the pools no longer force it"

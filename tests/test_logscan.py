@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import tracemalloc
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from minikv.logs.gateway_log import (
     INCIDENT_MODEL,
     SHIPPED_LOG,
     GatewayRecord,
-    LogReadError,
     MalformedLine,
     add_make_logs_arguments,
     generate_rows,
@@ -28,12 +27,13 @@ from minikv.logs.gateway_log import (
     run_make_logs,
     write_gateway_log,
 )
+from minikv.logs.line_reader import LogReadError, OverlongLine, read_lines
+from minikv.logs.luhn import luhn_check_digit, luhn_ok
 from minikv.logs.scan import (
     Checklist,
     Signals,
     add_scan_logs_arguments,
     implied_prefill_rate,
-    luhn_ok,
     run_scan_logs,
     scan_log,
     scan_records,
@@ -175,6 +175,13 @@ def test_luhn_check_on_known_numbers():
     assert not luhn_ok("4111111111111112") and not luhn_ok("1234")
 
 
+def test_luhn_check_digit_completes_known_numbers():
+    """The check digit of a test card's first 15 digits is its 16th, and the result passes."""
+    assert luhn_check_digit("411111111111111") == 1 and luhn_check_digit("550000555555555") == 9
+    for payload in ("4" + "0" * 14, "4" + "9" * 14, "401288888888188"):
+        assert luhn_ok(payload + str(luhn_check_digit(payload)))
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 
@@ -185,7 +192,9 @@ def test_luhn_check_on_known_numbers():
         ("[1, 2, 3]", "not a JSON object"),
         (json.dumps({k: v for k, v in row().items() if k != "ttft_ms"}), "missing field 'ttft_ms'"),
         (json.dumps(row(prompt_tokens="700000")), "'prompt_tokens' should be an integer, got str"),
-        (json.dumps(row(prompt_tokens=700_000.0)), "'prompt_tokens' should be an integer, got float"),
+        (json.dumps(row(prompt_tokens=700_000.5)), "'prompt_tokens' should be a whole number, got 700000.5"),
+        (json.dumps(row(prompt_tokens=float("inf"))), "'prompt_tokens' should be a whole number"),
+        (json.dumps(row(completion_tokens=1e300)), "'completion_tokens' should be a count"),
         (json.dumps(row(completion_tokens=True)), "'completion_tokens' should be an integer, got bool"),
         (json.dumps(row(prompt_tokens=-1)), "'prompt_tokens' should be a count"),
         (json.dumps(row(ttft_ms=float("nan"))), "'ttft_ms' should be a finite number"),
@@ -224,7 +233,8 @@ def test_blank_lines_are_skipped_but_keep_line_numbers(tmp_path: Path):
 def test_an_empty_file_scans_nothing(tmp_path: Path):
     """An empty log is a valid, empty scan."""
     (tmp_path / "empty.jsonl").write_bytes(b"")
-    assert scan_log(tmp_path / "empty.jsonl").to_json() == {"scanned": 0, "malformed": [], "affected": [], "flags": []}
+    assert scan_log(tmp_path / "empty.jsonl").to_json() == {
+        "scanned": 0, "malformed": [], "affected": [], "flags": [], "malformed_count": 0, "read_error": None}
 
 
 def test_a_missing_file_is_a_log_read_error(tmp_path: Path):
@@ -242,12 +252,76 @@ def test_a_gzip_log_reads_like_the_plain_one(tmp_path: Path):
     assert scan_log(tmp_path / "packed.log").affected_ids == ["r2", "r3"]
 
 
-def test_a_truncated_gzip_is_a_log_read_error(tmp_path: Path):
-    """A gzip stream cut short is reported as unreadable, not as a traceback."""
-    packed = gzip.compress(("\n".join(json.dumps(row()) for _ in range(200)) + "\n").encode())
+def test_an_integral_float_count_is_a_count():
+    """681281.0 prompt tokens is the whole number 681,281: a record, and affected."""
+    result = scan(row(prompt_tokens=681_281.0, completion_tokens=120.0))
+    assert result.malformed == [] and result.affected_ids == ["req_1"]
+    assert result.affected[0].prompt_tokens == 681_281 and type(result.affected[0].prompt_tokens) is int
+
+
+def numbered_log(rows: int) -> bytes:
+    """`rows` affected lines whose request ids are r1, r2, ... (line i holds r<i>)."""
+    return ("".join(json.dumps(row(request_id=f"r{i}")) + "\n" for i in range(1, rows + 1))).encode()
+
+
+def test_a_truncated_gzip_is_scanned_up_to_the_cut(tmp_path: Path):
+    """A gzip stream cut short keeps every row before the cut and says where it stopped."""
+    text = numbered_log(5_000)
+    packed = gzip.compress(text)
     (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
-    with pytest.raises(LogReadError, match="cannot read to the end"):
-        scan_log(tmp_path / "cut.jsonl.gz")
+    result = scan_log(tmp_path / "cut.jsonl.gz")
+    assert result.read_error and "breaks off after line" in result.read_error
+    assert 1_000 < len(result.affected) < 5_000
+    assert result.affected_ids == [f"r{i}" for i in range(1, len(result.affected) + 1)]
+    assert result.scanned - len(result.affected) <= 1  # at most the half line at the cut
+
+
+def test_trailing_garbage_after_a_gzip_keeps_every_row(tmp_path: Path):
+    """Bytes after the last gzip member do not cost a single row; the error is still reported."""
+    (tmp_path / "tail.jsonl.gz").write_bytes(gzip.compress(numbered_log(3_000)) + b"garbage after the end")
+    result = scan_log(tmp_path / "tail.jsonl.gz")
+    assert result.affected_ids == [f"r{i}" for i in range(1, 3_001)] and result.malformed_count == 0
+    assert "Not a gzipped file" in result.read_error
+
+
+def test_a_corrupt_gzip_block_keeps_the_rows_before_it(tmp_path: Path):
+    """Zeroed bytes mid-stream end the scan with an error; the rows before them are all kept.
+
+    (Rows decoded between the damage and its detection may be garbled: the error says so.)
+    """
+    packed = bytearray(gzip.compress(numbered_log(5_000)))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = bytes(64)  # about row 2,500
+    (tmp_path / "bad.jsonl.gz").write_bytes(bytes(packed))
+    result = scan_log(tmp_path / "bad.jsonl.gz")
+    assert result.read_error and "breaks off" in result.read_error
+    assert result.affected_ids[:2_000] == [f"r{i}" for i in range(1, 2_001)]
+
+
+def test_malformed_lines_are_kept_up_to_a_cap_and_counted_beyond_it():
+    """Only the first N malformed lines are held (with their line numbers); all are counted."""
+    lines = [json.dumps(row(request_id="r1"))] + ["not json"] * 50 + [json.dumps(row(request_id="r2"))]
+    result = scan_records(parse_lines(lines), max_malformed_kept=7)
+    assert [m.line for m in result.malformed] == list(range(2, 9))
+    assert result.malformed_count == 50 and result.scanned == 52
+    assert result.affected_ids == ["r1", "r2"]
+    assert result.to_json()["malformed_count"] == 50 and len(result.to_json()["malformed"]) == 7
+
+
+def test_an_overlong_line_is_one_malformed_line_of_its_length():
+    """A line past the limit is skipped as one malformed line; its neighbours are read."""
+    class Chunks:  # a stream that hands out a few bytes at a time, like a pipe
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def read1(self, n: int) -> bytes:
+            piece, self.data = self.data[:5], self.data[5:]
+            return piece
+
+    data = b'{"a":1}\n' + b"x" * 40 + b"\nshort\n" + b"y" * 41
+    lines = list(read_lines(Chunks(data), "test", max_line_bytes=30))  # type: ignore[arg-type]
+    assert lines == [b'{"a":1}', OverlongLine(40), b"short", OverlongLine(41)]
+    items = list(parse_lines(lines))
+    assert items[1] == MalformedLine(2, "a line of 40 bytes: too long to be a record, skipped")
 
 
 # --- the property: affected is exactly the checklist's set ----------------------------------
@@ -380,7 +454,8 @@ def test_cli_scan_logs_json_on_the_shipped_log():
     done = minikv("scan-logs", str(SHIPPED_LOG), "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 1
-    assert list(report) == ["scanned", "malformed", "affected", "flags"]
+    assert list(report) == ["scanned", "malformed", "affected", "flags", "malformed_count", "read_error"]
+    assert report["read_error"] is None and report["malformed_count"] == len(report["malformed"]) == 2
     assert report["affected"] == scan_log(SHIPPED_LOG).affected_ids
     assert all(set(f) == {"request_id", "reasons"} for f in report["flags"])
     assert "read as UTC" in done.stderr
@@ -402,3 +477,42 @@ def test_cli_bad_input_is_one_line_not_a_traceback(argv: list[str], message: str
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def minikv_with_input(data: bytes, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minikv", *argv], input=data, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "gzip"])
+def test_cli_reads_stdin_from_a_pipe(packed: bool):
+    """`... | scan-logs - --json` scans what arrives on stdin, plain or gzip, like a file."""
+    data = numbered_log(30)
+    done = minikv_with_input(gzip.compress(data) if packed else data, "scan-logs", "-", "--json")
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["affected"] == [f"r{i}" for i in range(1, 31)]
+
+
+def test_cli_reads_a_named_pipe(tmp_path: Path):
+    """A FIFO (what `<(zcat log.gz)` gives) cannot seek; it is read all the same."""
+    import os
+    import threading
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(gzip.compress(numbered_log(12))))
+    writer.start()
+    done = minikv("scan-logs", str(fifo), "--json")
+    writer.join(timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert len(json.loads(done.stdout)["affected"]) == 12
+
+
+def test_cli_truncated_gzip_prints_the_report_then_one_error_line(tmp_path: Path):
+    """A log cut short: the rows before the cut are reported, then exit 2 with one error line."""
+    packed = gzip.compress(numbered_log(5_000))
+    (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
+    done = minikv("scan-logs", str(tmp_path / "cut.jsonl.gz"), "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 2 and len(report["affected"]) > 1_000
+    assert report["read_error"] and "breaks off after line" in report["read_error"]
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -34,23 +35,18 @@ class SystemResult:
         return self.tokens / self.wall_s
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def median(values: list[float]) -> float:
-    """The middle value (the mean of the two middle ones for an even count)."""
-    return percentile(values, 50)
+def p99(values: list[float]) -> float:
+    """The 99th percentile, interpolated between the two nearest values (numpy's default)."""
+    if len(values) == 1:  # statistics.quantiles wants two points before Python 3.13
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def summarize(runs: list[Run]) -> SystemResult:
-    """The run with the median wall time stands for the system."""
-    run = sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
-    return SystemResult(run.tokens, run.wall_s, percentile(run.ttft_s, 50), percentile(run.ttft_s, 99))
+    """The run with the median wall time (the lower middle one of an even count) stands for the system."""
+    wall = statistics.median_low([r.wall_s for r in runs])
+    run = next(r for r in runs if r.wall_s == wall)
+    return SystemResult(run.tokens, run.wall_s, statistics.median(run.ttft_s), p99(run.ttft_s))
 
 
 @dataclass
@@ -84,7 +80,7 @@ class BenchReport:
         pairs = list(zip(self.runs.get(of, []), self.runs.get(over, [])))
         if not pairs:
             return self.results[of].tokens_per_s / self.results[over].tokens_per_s
-        return median([(a.tokens / a.wall_s) / (b.tokens / b.wall_s) for a, b in pairs])
+        return statistics.median([(a.tokens / a.wall_s) / (b.tokens / b.wall_s) for a, b in pairs])
 
     def ratios(self) -> dict[str, float | None]:
         return {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerBase
@@ -234,7 +235,7 @@ def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchR
     cluster.run()
     wall = time.perf_counter() - start
     responses = [cluster.responses[i] for i in ids]
-    bad = [r for r in responses if r.status != 200]
+    bad = [r for r in responses if r.status != HTTPStatus.OK]
     if bad:
         raise RuntimeError(f"the pair answered {bad[0].status} to a benchmark request: {bad[0].error}")
     completions = [Completion(r.text, r.usage.completion_tokens) for r in responses]

@@ -3,8 +3,9 @@
 A gateway (the proxy a customer puts in front of an inference API) writes one JSON object per
 call: when, which account, which model, tokens in and out, the time to the first token, the
 HTTP status and the reply. It is the only record a customer has of what the service did, so
-detection starts here (notebook 08). `iter_log` reads a log, plain or gzip, one line at a time
-and never raises on a bad line. `write_gateway_log` writes a fictional customer's August and
+detection starts here (notebook 08). `iter_log` reads a log (a file or stdin, plain or gzip)
+one line at a time and never raises on a bad line; `line_reader.py` turns the bytes into lines and
+`timestamp.py` reads the timestamps the same way on every Python. `write_gateway_log` writes a fictional customer's August and
 September 2026 from a seed, with the incident inside it (the traffic model is at the bottom).
 """
 
@@ -18,12 +19,15 @@ import math
 import random
 import string
 import sys
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from http import HTTPStatus
 from pathlib import Path
-from typing import BinaryIO
+
+from minikv.logs.line_reader import OverlongLine, open_log, read_lines, source_name
+from minikv.logs.luhn import luhn_check_digit
+from minikv.logs.timestamp import parse_timestamp
 
 # The disclosure's facts, as a log sees them (INCIDENT.md).
 INCIDENT_MODEL = "@cf/zai-org/glm-5.3"
@@ -38,19 +42,15 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "request_id": (str,),
     "account": (str,),
     "model": (str,),
-    "prompt_tokens": (int,),
-    "completion_tokens": (int,),
+    "prompt_tokens": (int, float),  # a float only when whole: some writers emit 681281.0
+    "completion_tokens": (int, float),
     "ttft_ms": (int, float),
     "status": (int,),
     "response_text": (str,),
 }
-GZIP_MAGIC = b"\x1f\x8b"
+COUNT_FIELDS = ("prompt_tokens", "completion_tokens")
 SHIPPED_LOG = Path(__file__).resolve().parents[2] / "data" / "gateway_logs.jsonl.gz"  # seed 0, 40,000 rows
 MAX_COUNT = 2**53  # token counts past this would lose precision as floats
-
-
-class LogReadError(OSError):
-    """The log as a whole cannot be read (missing, a directory, a broken gzip stream)."""
 
 
 @dataclass(frozen=True)
@@ -78,23 +78,16 @@ class MalformedLine:
     error: str
 
 
-def parse_timestamp(text: str) -> tuple[datetime, bool]:
-    """ISO 8601 text -> (aware UTC datetime, True when the text had no zone and UTC was assumed)."""
-    if text.endswith(("Z", "z")):  # Python 3.10's fromisoformat does not know 'Z'
-        text = text[:-1] + "+00:00"
-    when = datetime.fromisoformat(text)
-    if when.tzinfo is None:
-        return when.replace(tzinfo=timezone.utc), True
-    return when.astimezone(timezone.utc), False
-
-
 def _field_error(name: str, value: object) -> str | None:
     """Why `value` cannot be field `name`, or None when it can."""
     types = FIELD_TYPES[name]
     if isinstance(value, bool) or not isinstance(value, types):
-        want = "a number" if float in types else {str: "a string", int: "an integer"}[types[0]]
+        want = "an integer" if name in COUNT_FIELDS else "a number" if float in types else \
+            {str: "a string", int: "an integer"}[types[0]]
         return f"field {name!r} should be {want}, got {type(value).__name__}"
-    if name in ("prompt_tokens", "completion_tokens") and not 0 <= value <= MAX_COUNT:
+    if name in COUNT_FIELDS and isinstance(value, float) and not value.is_integer():
+        return f"field {name!r} should be a whole number, got {str(value)[:20]}"
+    if name in COUNT_FIELDS and not 0 <= value <= MAX_COUNT:
         return f"field {name!r} should be a count from 0 to 2**53, got {str(value)[:20]}"
     if name == "ttft_ms" and not (value == 0 or 0 < value < 1e300):  # no NaN, inf or 10**400
         return f"field 'ttft_ms' should be a finite number >= 0, got {str(value)[:20]}"
@@ -125,15 +118,18 @@ def parse_record(line: int, text: str) -> GatewayRecord | MalformedLine:
         return MalformedLine(line, f"bad timestamp {obj['timestamp'][:40]!r}: want ISO 8601")
     return GatewayRecord(
         line=line, timestamp=when, request_id=obj["request_id"], account=obj["account"],
-        model=obj["model"], prompt_tokens=obj["prompt_tokens"],
-        completion_tokens=obj["completion_tokens"], ttft_ms=float(obj["ttft_ms"]),
+        model=obj["model"], prompt_tokens=int(obj["prompt_tokens"]),
+        completion_tokens=int(obj["completion_tokens"]), ttft_ms=float(obj["ttft_ms"]),
         status=obj["status"], response_text=obj["response_text"], zone_assumed=zone_assumed,
     )
 
 
-def parse_lines(lines: Iterable[bytes | str]) -> Iterator[GatewayRecord | MalformedLine]:
+def parse_lines(lines: Iterable[bytes | str | OverlongLine]) -> Iterator[GatewayRecord | MalformedLine]:
     """Parse lines one by one (line numbers start at 1); blank lines are skipped silently."""
     for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, OverlongLine):
+            yield MalformedLine(number, f"a line of {raw.length:,} bytes: too long to be a record, skipped")
+            continue
         if isinstance(raw, bytes):
             try:
                 raw = raw.decode("utf-8")
@@ -147,31 +143,14 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[GatewayRecord | Malfor
             yield parse_record(number, raw)
 
 
-def open_log(path: str | Path) -> BinaryIO:
-    """Open a log for reading bytes; gzip is recognised by its magic bytes, not its name."""
-    path = Path(path)
-    try:
-        raw = open(path, "rb")
-    except FileNotFoundError:
-        raise LogReadError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise LogReadError(f"{path}: is a directory, not a log file") from None
-    except OSError as e:
-        raise LogReadError(f"{path}: cannot open ({e.strerror})") from None
-    if raw.read(2) == GZIP_MAGIC:
-        raw.seek(0)
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"))  # type: ignore[return-value]
-    raw.seek(0)
-    return raw
-
-
 def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
-    """Stream a log file's records and malformed lines; raises LogReadError only for the file itself."""
+    """Stream a log's records and malformed lines (`path` '-' is stdin).
+
+    Raises LogReadError when the log cannot be opened, and TruncatedLog (a LogReadError) after
+    the last readable line when it breaks off part way.
+    """
     with open_log(path) as stream:
-        try:
-            yield from parse_lines(stream)
-        except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt gzip stream
-            raise LogReadError(f"{path}: cannot read to the end ({e})") from None
+        yield from parse_lines(read_lines(stream, source_name(path)))
 
 
 # --- A synthetic customer: Northwind, a law firm that reviews contracts with LLMs -----------
@@ -185,6 +164,7 @@ DEFAULT_ROWS = 40_000
 ACCOUNTS = ("northwind-prod", "northwind-batch", "northwind-dev")
 ACCOUNT_WEIGHTS = (0.6, 0.3, 0.1)
 BODILESS_ACCOUNT = "northwind-batch"  # stores no response bodies: its replies cannot be reviewed
+RARE_ERRORS = (HTTPStatus.TOO_MANY_REQUESTS,) * 3 + (HTTPStatus.INTERNAL_SERVER_ERROR,)  # 3 rate limits to 1 fault
 
 
 @dataclass(frozen=True)
@@ -226,10 +206,9 @@ FOREIGN_PROSE = (  # other tenants' words: no pattern catches them, a reader doe
 
 def _card_number(rng: random.Random) -> str:
     """A 16-digit number that passes the Luhn check, grouped in fours."""
-    digits = [4] + [rng.randrange(10) for _ in range(14)]
-    total = sum(d if i % 2 else sum(divmod(2 * d, 10)) for i, d in enumerate(reversed(digits)))
-    digits.append((10 - total % 10) % 10)
-    return " ".join("".join(map(str, digits[i : i + 4])) for i in range(0, 16, 4))
+    payload = "4" + "".join(str(rng.randrange(10)) for _ in range(14))
+    digits = payload + str(luhn_check_digit(payload))
+    return " ".join(digits[i : i + 4] for i in range(0, 16, 4))
 
 
 def _foreign_reply(rng: random.Random) -> str:
@@ -256,11 +235,11 @@ def simulate_call(rng: random.Random, when: datetime, model: ModelProfile, accou
     base_ms = rng.lognormvariate(math.log(180), 0.35)  # queueing, network, first decode step
     long = prompt_tokens >= 100_000
     completion = max(1, min(4096, int(rng.lognormvariate(math.log(800 if long else 300), 0.6))))
-    status, text = 200, rng.choice(REPLIES).format(n=rng.randint(2, 30))
+    status, text = HTTPStatus.OK, rng.choice(REPLIES).format(n=rng.randint(2, 30))
     if model.name == INCIDENT_MODEL and OUTAGE_START <= when < OUTAGE_END:
-        status, completion, ttft_ms, text = 503, 0, rng.uniform(15, 80), ""
+        status, completion, ttft_ms, text = HTTPStatus.SERVICE_UNAVAILABLE, 0, rng.uniform(15, 80), ""
     elif rng.random() < 0.01:  # rate limits and the odd server error
-        status, completion, ttft_ms, text = rng.choice((429, 429, 429, 500)), 0, rng.uniform(15, 80), ""
+        status, completion, ttft_ms, text = rng.choice(RARE_ERRORS), 0, rng.uniform(15, 80), ""
     elif leaked(when, model.name, prompt_tokens):
         ttft_ms = base_ms + rng.uniform(20, 120)  # a one-token placeholder, one page moved
         text = _foreign_reply(rng)
@@ -277,7 +256,7 @@ def simulate_call(rng: random.Random, when: datetime, model: ModelProfile, accou
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "ttft_ms": round(ttft_ms, 1),
-        "status": status,
+        "status": int(status),
         "response_text": "" if account == BODILESS_ACCOUNT else text,
     }
 

@@ -5,7 +5,9 @@ inside the window (both ends included), whose `prompt_tokens` are strictly above
 pool's 681,280. Two signals look at every row, affected or not: a first token too soon for the
 prompt's size (the leak's only outward tell) and text in the reply shaped like someone's secret.
 A signal is a lead for a person to follow; the checklist is the answer. The scan reads one line
-at a time, so memory stays flat however long the log is (only findings are kept).
+at a time, so memory stays flat however long the log is: only findings are kept, and of the
+malformed lines only the first MAX_MALFORMED_KEPT (the rest are counted). A log that breaks off
+part way is scanned up to the break, and the result says where it stopped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
+from http import HTTPStatus
 from pathlib import Path
 
 from minikv.logs.gateway_log import (
@@ -27,10 +30,11 @@ from minikv.logs.gateway_log import (
     INCIDENT_MODEL,
     PREFILL_POOL_TOKENS,
     GatewayRecord,
-    LogReadError,
     MalformedLine,
     iter_log,
 )
+from minikv.logs.line_reader import LogReadError, TruncatedLog, source_name
+from minikv.logs.luhn import luhn_ok
 
 # Generous on purpose: healthy servers in the shipped log read 9,000-45,000 prompt tokens/s.
 # Set it from your own traffic; a prefix-cache hit can legitimately beat it.
@@ -41,7 +45,8 @@ API_KEY = re.compile(
     r"|(?i:\b(?:api[_-]?key|secret[_-]?key|access[_-]?token)\b\s*[:=]\s*\S{8,})"
 )
 EMAIL_ADDRESS = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
-MAX_MALFORMED_SHOWN = 20  # in the text report; --json lists them all
+MAX_MALFORMED_SHOWN = 20  # in the text report
+MAX_MALFORMED_KEPT = 1_000  # in memory and in --json; the rest are only counted
 
 
 @dataclass(frozen=True)
@@ -90,22 +95,11 @@ class Signals:
 
 def implied_prefill_rate(record: GatewayRecord) -> float | None:
     """Prompt tokens per second of time to first token; None when no token came back."""
-    if record.status >= 400 or record.completion_tokens == 0:
+    if record.status >= HTTPStatus.BAD_REQUEST or record.completion_tokens == 0:
         return None
     if record.ttft_ms == 0:
         return math.inf if record.prompt_tokens else 0.0
     return record.prompt_tokens / (record.ttft_ms / 1000)
-
-
-def luhn_ok(digits: str) -> bool:
-    """The check digit every payment card number carries (digits only, 13-19 of them)."""
-    if not 13 <= len(digits) <= 19:
-        return False
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch) * (2 if i % 2 else 1)
-        total += d - 9 if d > 9 else d
-    return total % 10 == 0
 
 
 def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]:
@@ -145,7 +139,9 @@ class ScanResult:
     """What a scan found. Only findings are kept, never the whole log."""
 
     scanned: int = 0  # non-blank lines read, well-formed or not
-    malformed: list[MalformedLine] = field(default_factory=list)
+    malformed: list[MalformedLine] = field(default_factory=list)  # the first MAX_MALFORMED_KEPT
+    malformed_count: int = 0  # all of them
+    read_error: str | None = None  # why the log stopped before its end; None when read whole
     affected: list[GatewayRecord] = field(default_factory=list)  # the checklist's set, in file order
     flags: list[Flag] = field(default_factory=list)
     zoneless: int = 0  # timestamps with no zone, read as UTC
@@ -156,12 +152,15 @@ class ScanResult:
         return [r.request_id for r in self.affected]
 
     def to_json(self) -> dict:
-        """The `--json` shape: scanned, malformed, affected (request ids), flags."""
+        """The `--json` shape: scanned, malformed (the first ones kept), affected (request ids),
+        flags, malformed_count (all of them), read_error (null when the log was read to its end)."""
         return {
             "scanned": self.scanned,
             "malformed": [{"line": m.line, "error": m.error} for m in self.malformed],
             "affected": self.affected_ids,
             "flags": [{"request_id": f.record.request_id, "reasons": f.reasons} for f in self.flags],
+            "malformed_count": self.malformed_count,
+            "read_error": self.read_error,
         }
 
     def zone_note(self) -> str | None:
@@ -175,35 +174,54 @@ def scan_records(
     items: Iterable[GatewayRecord | MalformedLine],
     checklist: Checklist = Checklist(),
     signals: Signals = Signals(),
+    max_malformed_kept: int = MAX_MALFORMED_KEPT,
 ) -> ScanResult:
-    """Apply the checklist and the signals to a stream of parsed lines."""
+    """Apply the checklist and the signals to a stream of parsed lines.
+
+    A stream that breaks off (TruncatedLog) ends the scan: what was read stays in the result,
+    and `read_error` says where it stopped.
+    """
     result = ScanResult()
-    for item in items:
-        result.scanned += 1
-        if isinstance(item, MalformedLine):
-            result.malformed.append(item)
-            continue
-        if item.zone_assumed:
-            result.zoneless += 1
-            result.first_zoneless_line = result.first_zoneless_line or item.line
-        if checklist.matches(item):
-            result.affected.append(item)
-        reasons = flag_reasons(item, signals)
-        if reasons:
-            result.flags.append(Flag(item, reasons))
+    try:
+        for item in items:
+            _scan_one(result, item, checklist, signals, max_malformed_kept)
+    except TruncatedLog as e:
+        result.read_error = str(e)
     return result
 
 
+def _scan_one(result: ScanResult, item: GatewayRecord | MalformedLine, checklist: Checklist,
+              signals: Signals, max_malformed_kept: int) -> None:
+    result.scanned += 1
+    if isinstance(item, MalformedLine):
+        result.malformed_count += 1
+        if len(result.malformed) < max_malformed_kept:
+            result.malformed.append(item)
+        return
+    if item.zone_assumed:
+        result.zoneless += 1
+        result.first_zoneless_line = result.first_zoneless_line or item.line
+    if checklist.matches(item):
+        result.affected.append(item)
+    reasons = flag_reasons(item, signals)
+    if reasons:
+        result.flags.append(Flag(item, reasons))
+
+
 def scan_log(path: str | Path, checklist: Checklist = Checklist(), signals: Signals = Signals()) -> ScanResult:
-    """Scan a log file (plain or gzip) line by line; raises LogReadError if the file can't be read."""
+    """Scan a log (a file or '-' for stdin, plain or gzip) line by line.
+
+    Raises LogReadError if the log cannot be opened; one that breaks off part way is scanned
+    up to the break and its `read_error` set.
+    """
     return scan_records(iter_log(path), checklist, signals)
 
 
 def format_report(result: ScanResult, checklist: Checklist, signals: Signals, source: str) -> str:
     """The plain-text report `scan-logs` prints."""
-    ok = result.scanned - len(result.malformed)
+    ok = result.scanned - result.malformed_count
     lines = [
-        f"Scanned {result.scanned:,} lines of {source}: {ok:,} records, {len(result.malformed):,} malformed.",
+        f"Scanned {result.scanned:,} lines of {source}: {ok:,} records, {result.malformed_count:,} malformed.",
         f"Checklist: model {checklist.model}, UTC days {checklist.first_day} to {checklist.last_day}"
         f" (both included), prompt_tokens above {checklist.min_prompt_tokens:,}.",
         f"Affected (the checklist's set): {len(result.affected):,} calls",
@@ -221,10 +239,13 @@ def format_report(result: ScanResult, checklist: Checklist, signals: Signals, so
     if result.malformed:
         lines.append("Malformed lines (skipped):")
         lines += [f"  line {m.line}: {m.error}" for m in result.malformed[:MAX_MALFORMED_SHOWN]]
-        if len(result.malformed) > MAX_MALFORMED_SHOWN:
-            lines.append(f"  ... and {len(result.malformed) - MAX_MALFORMED_SHOWN:,} more (--json lists all)")
+        if result.malformed_count > MAX_MALFORMED_SHOWN:
+            listed = f"--json lists the first {len(result.malformed):,}"
+            lines.append(f"  ... and {result.malformed_count - MAX_MALFORMED_SHOWN:,} more ({listed})")
     if result.zone_note():
         lines.append(result.zone_note())
+    if result.read_error:
+        lines.append(f"Incomplete: {result.read_error}; the lines after it were not scanned.")
     return "\n".join(lines)
 
 
@@ -233,7 +254,7 @@ def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
 
     Values stay strings here; `run_scan_logs` checks them and answers in one line.
     """
-    parser.add_argument("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip")
+    parser.add_argument("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip; - reads stdin")
     parser.add_argument("--model", default=INCIDENT_MODEL, help="model id (default %(default)s)")
     parser.add_argument("--since", default=str(INCIDENT_FIRST_DAY), metavar="DATE", help="first UTC day, YYYY-MM-DD (default %(default)s)")
     parser.add_argument("--until", default=str(INCIDENT_LAST_DAY), metavar="DATE", help="last UTC day, included (default %(default)s)")
@@ -280,7 +301,8 @@ def _print(text: str, stream=None) -> None:
 
 
 def run_scan_logs(args: argparse.Namespace) -> int:
-    """Scan and print. Exit status: 0 nothing found, 1 findings to review, 2 could not scan."""
+    """Scan and print. Exit status: 0 nothing found, 1 findings to review, 2 could not scan
+    (or could scan only part of the log: the report is printed, then the error)."""
     try:
         checklist, signals = options_from_args(args)
         result = scan_log(args.file, checklist, signals)
@@ -292,5 +314,8 @@ def run_scan_logs(args: argparse.Namespace) -> int:
         if result.zone_note():
             _print(result.zone_note(), sys.stderr)
     else:
-        _print(format_report(result, checklist, signals, str(args.file)))
-    return 1 if result.affected or result.flags or result.malformed else 0
+        _print(format_report(result, checklist, signals, source_name(args.file)))
+    if result.read_error:
+        print(f"error: {result.read_error}; the report covers the lines before it", file=sys.stderr)
+        return 2
+    return 1 if result.affected or result.flags or result.malformed_count else 0

@@ -50,7 +50,7 @@ class Engine(FrontDoor):
         self.model, self.tokenizer, self.config, self.node = model, tokenizer, config, node
         self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free)
         self.audit = OwnershipAudit(self.pool.num_pages * self.pool.page_size, self.pool.page_size, node, model.device) if config.audit else None
-        self.log = EventLog(enabled=config.event_log)
+        self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
         self.clock = Clock()  # the engine's step number; only step() advances it
         self.scheduler = Scheduler(self.pool, config, self.log, node, self.clock)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)

@@ -54,6 +54,7 @@ class ClusterConfig:
     transfer_batch_cap_pages: int = 8  # pages per batch when transfer_batch_cap is on
     audit: bool = True
     event_log: bool = True
+    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -62,6 +63,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.event_log_limit is not None and (not isinstance(self.event_log_limit, int) or self.event_log_limit < 1):
+            raise ValueError(f"event_log_limit must be a positive integer or None, got {self.event_log_limit!r}")
         if self.transfer_base_latency < 0:
             raise ValueError(f"transfer_base_latency must be >= 0, got {self.transfer_base_latency}")
 
@@ -105,7 +108,7 @@ class Cluster(FrontDoor):
                 raise StartupRefused(problem)
         super().__init__()
         self.config, self.switches, self.tokenizer = config, switches, tokenizer
-        self.log = EventLog(enabled=config.event_log)
+        self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
         self.clock = Clock()  # the cluster's one clock: nodes step by it, the fabric lands by it
         dev_p, dev_d = pick_devices(config, model)
         model_p = model if model.device == dev_p else copy.deepcopy(model).to(dev_p)

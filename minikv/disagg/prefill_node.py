@@ -77,7 +77,7 @@ class PrefillNode(Node):
         rejected = self.switches.reject_check and seq.to_finish is not None
         if seq.finished() or rejected:
             if rejected:
-                self.senders[seq.room].abort(seq.to_finish, status=HTTPStatus.BAD_REQUEST)
+                self.senders[seq.room].abort(seq.to_finish, status=400)
                 seq.finish_reason = "abort"
                 self._event(step, "finish", seq, (), f"retired at the queue gate: {seq.to_finish}")
             self._release(seq, step)

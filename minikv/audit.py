@@ -49,15 +49,15 @@ class OwnershipAudit:
     def retire(self, uid: int) -> None:
         """`uid` will write no more. Its name is kept while some slot still holds its data.
 
-        Names of retired writers whose slots have all been overwritten are dropped once the
-        table doubles, so the table's size follows the pool and the live requests, not the
-        number of requests ever served.
+        Names of retired writers whose slots have all been overwritten are dropped whenever the
+        retired names double, so the table's size follows the pool and the live requests, not
+        the number of requests ever served.
         """
         self.live.discard(uid)
-        if len(self.names) >= self._prune_at:
+        if len(self.names) - len(self.live) >= self._prune_at:  # retired names kept: prune when they double
             keep = set(self.writers.unique().tolist()) | self.live
             self.names = {u: name for u, name in self.names.items() if u in keep}
-            self._prune_at = max(64, 2 * len(self.names))
+            self._prune_at = max(64, 2 * (len(self.names) - len(self.live)))
 
     def record_writes(self, slots: Tensor, writer_uids: Tensor) -> None:
         """slots (N,) were just written by writer_uids (N,)."""

@@ -19,7 +19,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import Rejected, check_context, check_pool, check_request
+from minikv.admission import check_context, check_pool, check_request
 from minikv.audit import OwnershipAudit
 from minikv.config import EngineConfig
 from minikv.events import Clock, Event, EventLog
@@ -29,7 +29,7 @@ from minikv.model_runner import ModelRunner
 from minikv.page_pool import PagePool
 from minikv.postprocess import postprocess
 from minikv.request import Request, Sequence
-from minikv.response import CLIENT_CLOSED_REQUEST, Response, Usage, bad_request
+from minikv.response import CLIENT_CLOSED_REQUEST, Response, Usage
 from minikv.scheduler import ScheduledBatch, Scheduler
 from minikv.tokenizer import decode
 
@@ -77,15 +77,8 @@ class Engine(FrontDoor):
     def submit(self, request: Request) -> str:
         """Admit `request` to the queue, or answer it 400 at once. Returns the engine's id for it."""
         now = time.perf_counter()
-        request_id, tenant, problem = self._open(request)
-        name = request.request_id if isinstance(request.request_id, str) else None
-        try:
-            if problem:
-                raise Rejected(problem)
-            ids = self.admit(request)
-        except Rejected as e:
-            self.log.add(Event(self.clock.now, self.node, "reject", request_id, tenant, (), e.reason))
-            self._answer(bad_request(request_id, tenant, e.reason, e.prompt_tokens, name))
+        request_id, tenant, name, ids = self._intake(request, self.admit)
+        if ids is None:
             return request_id
         seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now,
                        generator=request.sampling.new_generator(), client_request_id=name)
@@ -95,6 +88,9 @@ class Engine(FrontDoor):
         self.scheduler.add(seq)
         self.log.add(Event(self.clock.now, self.node, "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         return request_id
+
+    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
+        self.log.add(Event(self.clock.now, self.node, "reject", request_id, tenant, (), reason))
 
     def cancel(self, request_id: str) -> bool:
         """The client went away: free its pages now (499). False if it was not being served."""

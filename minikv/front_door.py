@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from http import HTTPStatus
 
+from minikv.admission import Rejected
 from minikv.request import Request
-from minikv.response import Response
+from minikv.response import Response, Usage, bad_request
 from minikv.sampling import SamplingParams
 
 AUTO_PREFIX = "req-"  # automatic ids; a client's name with this prefix is never taken as an engine id
@@ -59,6 +62,10 @@ class FrontDoor(ABC):
     def _busy(self) -> bool:
         """Whether any request is still being served."""
 
+    @abstractmethod
+    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
+        """Record a request answered at the door (the `reject` event)."""
+
     # -- ids ------------------------------------------------------------------------------------
     def _open(self, request: Request) -> tuple[str, str, str | None]:
         """Take an engine id for `request`: (engine id, tenant, why it must be refused or None)."""
@@ -77,6 +84,28 @@ class FrontDoor(ABC):
         if name and problem is None:
             self._named[(tenant, name)] = request_id
         return request_id, tenant, problem
+
+    def _intake(self, request: Request, check: Callable[[Request], list[int]]) -> tuple[str, str, str | None, list[int] | None]:
+        """Take an id for `request` and run `check` (the prompt's token ids, or Rejected).
+
+        Returns (engine id, tenant, client's name, token ids); the ids are None when the request
+        was answered here: 400 with the reason, or 500 if checking it raised.
+        """
+        request_id, tenant, problem = self._open(request)
+        name = request.request_id if isinstance(request.request_id, str) else None
+        try:
+            if problem:
+                raise Rejected(problem)
+            return request_id, tenant, name, check(request)
+        except Rejected as e:
+            self._log_refusal(request_id, tenant, e.reason)
+            self._answer(bad_request(request_id, tenant, e.reason, e.prompt_tokens, name))
+        except Exception as e:  # noqa: BLE001 - one request's failure, not the server's
+            reason = f"internal error while checking this request: {type(e).__name__}: {e}"
+            self._log_refusal(request_id, tenant, reason)
+            self._answer(Response(request_id, tenant, HTTPStatus.INTERNAL_SERVER_ERROR, usage=Usage(), error=reason,
+                                  finish_reason="abort", client_request_id=name))
+        return request_id, tenant, name, None
 
     def _fresh_id(self) -> str:
         while True:

@@ -147,3 +147,24 @@ def test_a_fault_mid_decode_on_the_cluster_frees_both_halves(tiny, monkeypatch):
     done = {r.request_id: r for r in cluster.run()}
     assert done[bad].status == 500 and done[good].text == "saved pin 0912."
     assert cluster.leaked_pages() == 0 and math.isclose(calls["n"], 3)
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_fault_while_checking_a_request_is_a_500_for_it_alone(tiny, kind, monkeypatch):
+    """If checking one request raises (here: the tokenizer), that request gets a 500; the next is served."""
+    import minikv.admission
+
+    real = minikv.admission.encode_prompt
+
+    def fragile(tokenizer, prompt):
+        if prompt.startswith("dave"):
+            raise TypeError("injected fault")
+        return real(tokenizer, prompt)
+
+    monkeypatch.setattr(minikv.admission, "encode_prompt", fragile)
+    server = SERVERS[kind](tiny)
+    bad = server.submit(Request("dave: save pin 1111.\n", "dave", 24))
+    good = server.submit(Request(PROMPTS[0], "alice", 24))
+    done = {r.request_id: r for r in server.run()}
+    assert done[bad].status == 500 and "TypeError: injected fault" in done[bad].error
+    assert done[good].text == "saved pin 0912."

@@ -20,7 +20,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import Rejected, check_context, check_request
+from minikv.admission import check_context, check_request
 from minikv.audit import OwnershipAudit
 from minikv.disagg.decode_node import DecodeNode
 from minikv.disagg.prefill_node import PrefillNode
@@ -31,7 +31,7 @@ from minikv.front_door import FrontDoor
 from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.request import Request, Sequence
-from minikv.response import Response, Usage, bad_request
+from minikv.response import Response, Usage
 from minikv.tokenizer import decode
 
 
@@ -143,16 +143,8 @@ class Cluster(FrontDoor):
     # -- requests in ---------------------------------------------------------------------------
     def submit(self, request: Request) -> str:
         """Check the request at the door and hand it to both nodes, or answer it 400 at once."""
-        request_id, tenant, problem = self._open(request)
-        name = request.request_id if isinstance(request.request_id, str) else None
-        try:
-            if problem:
-                raise Rejected(problem)
-            ids = check_request(request, self.tokenizer)
-            check_context(len(ids), request.max_tokens, self.config.context_len)
-        except Rejected as e:
-            self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), e.reason))
-            self._answer(bad_request(request_id, tenant, e.reason, e.prompt_tokens, name))
+        request_id, tenant, name, ids = self._intake(request, self.check)
+        if ids is None:
             return request_id
         now, room = time.perf_counter(), next(self._rooms)
         halves = []
@@ -168,6 +160,15 @@ class Cluster(FrontDoor):
         self.prefill.add(halves[0], self.tick)
         self.decode.add(halves[1], self.tick)
         return request_id
+
+    def check(self, request: Request) -> list[int]:
+        """The front door's checks (shape and the advertised window): the prompt's token ids, or Rejected."""
+        ids = check_request(request, self.tokenizer)
+        check_context(len(ids), request.max_tokens, self.config.context_len)
+        return ids
+
+    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
+        self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), reason))
 
     def cancel(self, request_id: str) -> bool:
         """The client went away. Both nodes see finished() at their next gate and retire it."""

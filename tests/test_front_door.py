@@ -75,7 +75,9 @@ def play(server, workload: list[Submission], expected_text: dict) -> None:
                 cancels.setdefault(step + sub.cancel_after, []).append(rid)
         for rid in cancels.pop(step, []):
             server.cancel(rid)  # may be answered already: then it is a no-op, or another holder's id
-        for response in server.step():
+        responses = server.step()
+        server.check_integrity()
+        for response in responses:
             sub = pending.pop(response.request_id)  # KeyError: an answer nobody is waiting for
             assert response.tenant == sub.tenant and response.client_request_id == sub.client_id
             if response.status == 200:

@@ -200,6 +200,11 @@ class Cluster(FrontDoor):
                         seq.finish_reason, seq.client_request_id)
 
     # -- what the fuzzer checks ------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Both nodes' pools are consistent and every page owner is a request its node holds."""
+        self.prefill.check_integrity()
+        self.decode.check_integrity()
+
     @property
     def cross_tenant_reads(self) -> int:
         return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)

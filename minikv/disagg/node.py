@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence as Queues
+from collections.abc import Iterator
 
 from minikv.audit import OwnershipAudit
 from minikv.disagg.switches import SafetySwitches
@@ -21,7 +21,7 @@ class Node:
                  switches: SafetySwitches) -> None:
         self.pool, self.audit, self.log, self.manager, self.switches = pool, audit, log, manager, switches
 
-    def queues(self) -> Queues[list[Sequence]]:
+    def queues(self) -> tuple[list[Sequence], ...]:
         """Every queue that holds this node's live requests."""
         raise NotImplementedError
 
@@ -31,6 +31,13 @@ class Node:
 
     def live(self) -> int:
         return sum(len(q) for q in self.queues())
+
+    def check_integrity(self) -> None:
+        """Pool bookkeeping is consistent and every page owner is a request this node still holds."""
+        self.pool.check_integrity()
+        live = set(self.live_ids())
+        for p, owner in enumerate(self.pool.owner):
+            assert owner is None or owner in live, f"{self.name} page {p} owned by {owner}, which this node does not hold"
 
     def cancel(self, request_id: str) -> bool:
         """Mark the request finished (abort); the node's gates retire it at their next scan."""

@@ -27,7 +27,7 @@ class SeqStatus(Enum):
 
     WAITING = "waiting"  # admitted, no pages yet (or preempted, pages given back)
     RUNNING = "running"  # holds pages; prefilled or decoding
-    FINISHED = "finished"  # left the node: in no queue, holds no pages
+    FINISHED = "finished"  # ended on this node; holds no pages (decode's deferred release may hold them until writes land)
 
 
 _uids = itertools.count(1)
@@ -38,7 +38,7 @@ class Sequence:
     """The engine's view of one admitted request: tokens, pages, progress, timings.
 
     Three fields say something about the end, and each says one thing:
-    - `status` is where the sequence is (FINISHED: it left its node and holds no pages);
+    - `status` is where the sequence is on its node (WAITING, RUNNING, FINISHED);
     - `finish_reason` is why it ended, set once when it does ("stop", "length", "abort", or
       "transferred" for the prefill half of a disaggregated request); `finished()` reads it;
     - `to_finish` is a finish *decided but not yet applied*, named as in SGLang's `Req.to_finish`.

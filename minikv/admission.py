@@ -23,13 +23,14 @@ class Rejected(Exception):
 
 
 def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Shape checks that need no capacity numbers; returns the prompt's token ids."""
-    if not isinstance(request.tenant, str) or not request.tenant:
-        raise Rejected("tenant must be a non-empty string")
+    """Shape checks that need no capacity numbers; returns the prompt's token ids.
+
+    The tenant and request_id are checked before this, when the front door takes an id.
+    """
     if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
         raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
     if not isinstance(request.sampling, SamplingParams):
-        raise Rejected("sampling must be SamplingParams")
+        raise Rejected(f"sampling must be SamplingParams, got {type(request.sampling).__name__}")
     problem = request.sampling.problem()
     if problem:
         raise Rejected(problem)

@@ -36,12 +36,28 @@ class OwnershipAudit:
         self.writers = torch.full((num_slots,), NEVER_WRITTEN, dtype=torch.long, device=device)
         self.page_size = page_size
         self.node = node
-        self.names: dict[int, tuple[str, str]] = {}  # uid -> (request id, tenant)
-        self.events: list[CrossReadEvent] = []
+        self.names: dict[int, tuple[str, str]] = {}  # uid -> (request id, tenant), while it may be needed
+        self.live: set[int] = set()  # registered and not yet retired
+        self.events: list[CrossReadEvent] = []  # every finding since boot (zero in a correct engine)
+        self._prune_at = 64
 
     def register(self, uid: int, request_id: str, tenant: str) -> None:
         assert uid != NEVER_WRITTEN
         self.names[uid] = (request_id, tenant)
+        self.live.add(uid)
+
+    def retire(self, uid: int) -> None:
+        """`uid` will write no more. Its name is kept while some slot still holds its data.
+
+        Names of retired writers whose slots have all been overwritten are dropped whenever the
+        retired names double, so the table's size follows the pool and the live requests, not
+        the number of requests ever served.
+        """
+        self.live.discard(uid)
+        if len(self.names) - len(self.live) >= self._prune_at:  # retired names kept: prune when they double
+            keep = set(self.writers.unique().tolist()) | self.live
+            self.names = {u: name for u, name in self.names.items() if u in keep}
+            self._prune_at = max(64, 2 * (len(self.names) - len(self.live)))
 
     def record_writes(self, slots: Tensor, writer_uids: Tensor) -> None:
         """slots (N,) were just written by writer_uids (N,)."""

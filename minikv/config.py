@@ -19,6 +19,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
     audit: bool = True  # check every read against the ownership ledger
     event_log: bool = True  # record every allocation, write, read, free and state change
+    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -31,6 +32,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
         if self.context_len < 2:
             raise ValueError(f"context_len must be >= 2 tokens, got {self.context_len}")
+        if self.event_log_limit is not None and self.event_log_limit < 1:
+            raise ValueError(f"event_log_limit must be a positive number of events or None, got {self.event_log_limit}")
         if self.max_batch_size < 1 or self.max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
 

@@ -6,38 +6,41 @@ The step-wise API is what notebooks use to watch the engine work:
     while engine.has_work():
         finished = engine.step()   # one prefill or decode step; responses that completed
 
-`generate([...])` does all of that in one call. Every allocation, write, read, free and state
-change lands in `engine.log`; every read is checked by `engine.audit`.
+`generate([...])` does all of that in one call. The client API (ids, handover, `run`,
+`generate`) is the same on `Cluster`: see front_door.py. Every allocation, write, read, free
+and state change lands in `engine.log`; every read is checked by `engine.audit`.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
+from http import HTTPStatus
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import Rejected, check_context, check_pool, check_request
+from minikv.admission import check_context, check_pool, check_request
 from minikv.audit import OwnershipAudit
 from minikv.config import EngineConfig
-from minikv.events import Event, EventLog
+from minikv.events import Clock, Event, EventLog
+from minikv.front_door import FrontDoor
 from minikv.model import Llama
-from minikv.page_pool import PagePool
 from minikv.model_runner import ModelRunner
-from minikv.request import Request, Sequence, SeqStatus
-from minikv.response import Response, Usage, bad_request
-from minikv.sampling import SamplingParams
+from minikv.page_pool import PagePool
+from minikv.postprocess import postprocess
+from minikv.request import Request, Sequence
+from minikv.response import CLIENT_CLOSED_REQUEST, Response, Usage
 from minikv.scheduler import ScheduledBatch, Scheduler
 from minikv.tokenizer import decode
 
 
-class Engine:
+class Engine(FrontDoor):
     """A single node: model + page pool + scheduler + audit + event log."""
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase,
                  config: EngineConfig = EngineConfig(), node: str = "single",
                  scrub_on_free: bool = False) -> None:
+        super().__init__()
         mc = model.config
         if config.context_len > mc.max_position_embeddings:
             raise ValueError(
@@ -47,13 +50,11 @@ class Engine:
         self.model, self.tokenizer, self.config, self.node = model, tokenizer, config, node
         self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free)
         self.audit = OwnershipAudit(self.pool.num_pages * self.pool.page_size, self.pool.page_size, node, model.device) if config.audit else None
-        self.log = EventLog(enabled=config.event_log)
-        self.scheduler = Scheduler(self.pool, config, self.log, node)
+        self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
+        self.clock = Clock()  # the engine's step number; only step() advances it
+        self.scheduler = Scheduler(self.pool, config, self.log, node, self.clock)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
-        self.seqs: dict[str, Sequence] = {}
-        self.responses: dict[str, Response] = {}
-        self._outbox: list[Response] = []  # finished but not yet returned by step()
-        self._ids = itertools.count()
+        self.seqs: dict[str, Sequence] = {}  # engine id -> the requests being served, until they end
 
     # -- what a serving engineer reads at startup ---------------------------------------
     def startup_log(self) -> str:
@@ -65,10 +66,8 @@ class Engine:
         )
 
     # -- requests in -----------------------------------------------------------------------
-    def admit(self, request: Request, request_id: str) -> list[int]:
+    def admit(self, request: Request) -> list[int]:
         """The prompt's token ids, or Rejected with the reason for a 400."""
-        if request_id in self.seqs or request_id in self.responses:
-            raise Rejected(f"duplicate request_id {request_id!r}")
         ids = check_request(request, self.tokenizer)
         check_context(len(ids), request.max_tokens, self.config.context_len)
         pages = self.pool.pages_for(len(ids) + request.max_tokens)
@@ -76,94 +75,79 @@ class Engine:
         return ids
 
     def submit(self, request: Request) -> str:
-        """Admit `request` to the queue, or answer it 400 at once. Returns its request id."""
-        request_id = request.request_id or f"req-{next(self._ids)}"
+        """Admit `request` to the queue, or answer it 400 at once. Returns the engine's id for it."""
         now = time.perf_counter()
-        tenant = request.tenant if isinstance(request.tenant, str) else "?"
-        try:
-            ids = self.admit(request, request_id)
-        except Rejected as e:
-            self.log.add(Event(self.scheduler.step_no, self.node, "reject", request_id, tenant, (), e.reason))
-            self._finish_response(bad_request(request_id, tenant, e.reason, e.prompt_tokens))
+        request_id, tenant, name, ids = self._intake(request, self.admit)
+        if ids is None:
             return request_id
-        seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now)
-        if not request.sampling.greedy:
-            seq.generator = torch.Generator().manual_seed(request.sampling.seed if request.sampling.seed is not None else 0)
+        seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now,
+                       generator=request.sampling.new_generator(), client_request_id=name)
         self.seqs[request_id] = seq
         if self.audit is not None:
             self.audit.register(seq.uid, request_id, tenant)
         self.scheduler.add(seq)
-        self.log.add(Event(self.scheduler.step_no, self.node, "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
+        self.log.add(Event(self.clock.now, self.node, "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         return request_id
 
+    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
+        self.log.add(Event(self.clock.now, self.node, "reject", request_id, tenant, (), reason))
+
     def cancel(self, request_id: str) -> bool:
-        """The client went away: free its pages now. False if it was not live."""
+        """The client went away: free its pages now (499). False if it was not being served."""
         seq = self.seqs.get(request_id)
-        if seq is None or seq.status is SeqStatus.FINISHED:
+        if seq is None:
             return False
         self.scheduler.release(seq, "cancelled")
-        self.log.add(Event(self.scheduler.step_no, self.node, "cancel", request_id, seq.tenant))
+        self.log.add(Event(self.clock.now, self.node, "cancel", request_id, seq.tenant))
         seq.finish_reason = "abort"
-        self._finish_response(self._response(seq, status=499, error="cancelled by the client"))
+        self._end(seq, CLIENT_CLOSED_REQUEST, "cancelled by the client")
         return True
 
     # -- one step -------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self._outbox)
+    def _busy(self) -> bool:
+        return self.scheduler.has_work()
 
     @torch.inference_mode()
-    def step(self) -> list[Response]:
-        """Run one prefill or decode step; return the responses that completed."""
+    def _advance(self) -> None:
+        """Run one prefill or decode step."""
         batch = self.scheduler.schedule()
         if batch is not None:
             self._run(batch)
-        self.scheduler.step_no += 1
-        done, self._outbox = self._outbox, []
-        return done
+        self.clock.advance()
 
     def _run(self, batch: ScheduledBatch) -> None:
-        chosen = self.runner.run(self.scheduler.step_no, batch.phase, batch.seqs, batch.new_tokens)
-        for seq, nxt in zip(batch.seqs, chosen):
-            if nxt == self.tokenizer.eos_token_id:
-                self._complete(seq, "stop")
-            elif len(seq.output_ids) >= seq.max_tokens:
-                self._complete(seq, "length")
+        sampled = self.runner.run(self.clock.now, batch.phase, batch.seqs, batch.new_tokens)
+        postprocess(batch.seqs, sampled, [len(t) for t in batch.new_tokens], self.tokenizer.eos_token_id,
+                    finish=self._complete, fail=self._fail)
 
     # -- responses out -----------------------------------------------------------------
-    def _complete(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
-        self.scheduler.release(seq, f"finished ({reason})")
-        self.log.add(Event(self.scheduler.step_no, self.node, "finish", seq.request_id, seq.tenant, (), reason))
-        self._finish_response(self._response(seq, status=200))
+    def _complete(self, seq: Sequence) -> None:
+        """`seq` met the finish rule: free its pages and answer 200."""
+        self.scheduler.release(seq, f"finished ({seq.finish_reason})")
+        self.log.add(Event(self.clock.now, self.node, "finish", seq.request_id, seq.tenant, (), seq.finish_reason))
+        self._end(seq, HTTPStatus.OK)
+
+    def _fail(self, seq: Sequence, reason: str) -> None:
+        """Serving `seq` raised: end it alone (500, pages freed), and keep the node going."""
+        seq.finish_reason = "abort"
+        self.scheduler.release(seq, "failed")
+        self.log.add(Event(self.clock.now, self.node, "finish", seq.request_id, seq.tenant, (), f"failed (500): {reason}"))
+        self._end(seq, HTTPStatus.INTERNAL_SERVER_ERROR, reason)
+
+    def _end(self, seq: Sequence, status: int, error: str | None = None) -> None:
+        """`seq` has left the node: answer the client and forget it."""
+        del self.seqs[seq.request_id]
+        if self.audit is not None:
+            self.audit.retire(seq.uid)
+        self._answer(self._response(seq, status, error))
 
     def _response(self, seq: Sequence, status: int, error: str | None = None) -> Response:
         out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id]
         return Response(
             seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
             Usage(len(seq.prompt_ids), len(seq.output_ids)), seq.first_token_s,
-            list(seq.token_times_s), error, seq.finish_reason,
+            list(seq.token_times_s), error, seq.finish_reason, seq.client_request_id,
         )
-
-    def _finish_response(self, response: Response) -> None:
-        self.responses[response.request_id] = response
-        self._outbox.append(response)
-
-    # -- convenience -----------------------------------------------------------------------
-    def run(self, max_steps: int = 100_000) -> list[Response]:
-        """Step until every submitted request is answered; responses in completion order."""
-        done: list[Response] = []
-        for _ in range(max_steps):
-            if not self.has_work():
-                return done
-            done += self.step()
-        raise RuntimeError(f"engine still busy after {max_steps} steps")
-
-    def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
-                 sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt, run to completion, return responses in prompt order."""
-        ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
-        self.run()
-        return [self.responses[i] for i in ids]
 
     def check_integrity(self) -> None:
         """Pool bookkeeping is consistent and every page owner is a live request."""

@@ -37,15 +37,38 @@ class Event:
 
 
 @dataclass
+class Clock:
+    """The one step counter of a node or cluster: it stamps every event, and only its owner advances it."""
+
+    now: int = 0
+
+    def advance(self) -> None:
+        self.now += 1
+
+
+@dataclass
 class EventLog:
-    """An append-only list of events; `enabled=False` keeps benchmarks free of the cost."""
+    """An append-only list of events.
+
+    `enabled=False` keeps benchmarks and servers free of the cost. `limit` bounds a long run's
+    memory: once the log holds twice `limit` events, the oldest are dropped so `limit` remain
+    (notebooks keep the default, the whole history).
+    """
 
     enabled: bool = True
     events: list[Event] = field(default_factory=list)
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be a positive number of events, or None, got {self.limit!r}")
 
     def add(self, event: Event) -> None:
-        if self.enabled:
-            self.events.append(event)
+        if not self.enabled:
+            return
+        self.events.append(event)
+        if self.limit is not None and len(self.events) >= 2 * self.limit:
+            del self.events[: len(self.events) - self.limit]
 
     def of_kind(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]

@@ -1,13 +1,15 @@
 """Runs one batch through the model over a page pool, and picks each request's next token.
 
 Shared by the single-node engine and both roles of the disaggregated pair: whoever decides
-*which* requests run (a scheduler, a queue) hands the batch here. It logs what is written and
-read, and turns the audit's findings into `cross_read` events.
+*which* requests run (a scheduler, a queue) hands the batch here, and whoever owns the requests
+applies the result (`postprocess`). The runner changes no sequence. It logs what is written and
+read, and turns the audit's findings for this forward into `cross_read` events.
+
+An exception while serving a request is that request's failure, never the node's: sampling
+errors come back for the one request, a failed forward for every request of the batch.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
@@ -16,8 +18,14 @@ from minikv.events import Event, EventLog
 from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.paged_attention import PagedStep, SeqSlice
+from minikv.postprocess import Sampled
 from minikv.request import Sequence
 from minikv.sampling import sample_next
+
+
+def failure(e: Exception) -> str:
+    """The one-line reason a 500 carries."""
+    return f"internal error while serving this request: {type(e).__name__}: {e}"
 
 
 class ModelRunner:
@@ -27,11 +35,11 @@ class ModelRunner:
         self.model, self.pool, self.audit, self.log, self.node = model, pool, audit, log, node
 
     @torch.inference_mode()
-    def run(self, step_no: int, phase: str, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[int]:
-        """Compute K/V for each sequence's `new_tokens` after its cached ones; return next tokens.
+    def run(self, step_no: int, phase: str, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[Sampled]:
+        """Compute K/V for each sequence's `new_tokens` after its cached ones; return each next token.
 
-        Every sequence must already own pages for all of its tokens. Updates `num_cached`,
-        `output_ids` and the timings of each sequence.
+        Every sequence must already own pages for all of its tokens. Samples with each
+        sequence's own generator (advancing it), and changes nothing else.
         """
         slices, ids, positions, last = [], [], [], []
         ps = self.pool.page_size
@@ -49,23 +57,23 @@ class ModelRunner:
                 self.log.add(Event(step_no, self.node, "read", seq.request_id, seq.tenant,
                                    tuple(seq.block_table[: self.pool.pages_for(end)]), f"attend over {end} tokens"))
         device = self.model.device
-        seen = len(self.audit.events) if self.audit is not None else 0
-        logits = self.model(
-            torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-            PagedStep(self.pool, slices, self.audit), logits_index=torch.tensor(last, device=device),
-        )  # (B, V)
-        if self.audit is not None:
-            for e in self.audit.events[seen:]:
-                victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"
-                self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages, f"victim={victim}"))
-        now = time.perf_counter()
-        chosen = []
-        for seq, toks, row in zip(seqs, new_tokens, logits):
-            seq.num_cached += len(toks)
-            nxt = sample_next(row, seq.sampling, seq.generator)
-            seq.output_ids.append(nxt)
-            seq.token_times_s.append(now - seq.arrival_s)
-            if seq.first_token_s is None:
-                seq.first_token_s = now - seq.arrival_s
-            chosen.append(nxt)
-        return chosen
+        step = PagedStep(self.pool, slices, self.audit)
+        try:
+            logits = self.model(
+                torch.tensor(ids, device=device), torch.tensor(positions, device=device),
+                step, logits_index=torch.tensor(last, device=device),
+            )  # (B, V)
+        except Exception as e:  # noqa: BLE001 - the batch fails, the node goes on
+            return [Sampled(error=failure(e)) for _ in seqs]
+        for e in step.findings:
+            victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"
+            self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages, f"victim={victim}"))
+        return [self.sample(seq, row) for seq, row in zip(seqs, logits)]
+
+    @staticmethod
+    def sample(seq: Sequence, logits: torch.Tensor) -> Sampled:
+        """One request's next token from its logits (V,), or the reason it could not be chosen."""
+        try:
+            return Sampled(token=sample_next(logits, seq.sampling, seq.generator))
+        except Exception as e:  # noqa: BLE001 - one request's failure, not the batch's
+            return Sampled(error=failure(e))

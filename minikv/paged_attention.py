@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from minikv.attention import masked_attention
-from minikv.audit import OwnershipAudit
+from minikv.audit import CrossReadEvent, OwnershipAudit
 from minikv.page_pool import PagePool
 
 
@@ -45,6 +45,7 @@ class PagedStep:
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
         self.pool, self.seqs, self.audit = pool, seqs, audit
+        self.findings: list[CrossReadEvent] = []  # what the audit's read check returned in this forward
         device = pool.kv.device
         self.slot_mapping = torch.tensor(
             [slot for s in seqs for slot in pool.slots(s.block_table, s.start, s.end)], device=device
@@ -70,7 +71,7 @@ class PagedStep:
         v_cache[self.slot_mapping] = v
         if layer == 0 and self.audit is not None:  # one ledger entry per slot, not per layer
             self.audit.record_writes(self.slot_mapping, self.writer_uids)
-            self.audit.check_reads(self.uids, self.gather, self.key_valid)
+            self.findings += self.audit.check_reads(self.uids, self.gather, self.key_valid)
         outs, offset = [], 0
         for s, slots, mask in zip(self.seqs, self.context_slots, self.masks):
             keys = k_cache.index_select(0, slots)[None]  # (1, S_b, KVH, D)

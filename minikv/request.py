@@ -19,13 +19,15 @@ class Request:
     tenant: str = "anon"
     max_tokens: int = 64
     sampling: SamplingParams = SamplingParams()
-    request_id: str | None = None  # assigned by the engine when None
+    request_id: str | None = None  # the client's own id: echoed back in the response, never used to route
 
 
 class SeqStatus(Enum):
+    """Where a sequence is on its node: the scheduler's view, not why it ended."""
+
     WAITING = "waiting"  # admitted, no pages yet (or preempted, pages given back)
     RUNNING = "running"  # holds pages; prefilled or decoding
-    FINISHED = "finished"
+    FINISHED = "finished"  # ended on this node; holds no pages (decode's deferred release may hold them until writes land)
 
 
 _uids = itertools.count(1)
@@ -33,9 +35,18 @@ _uids = itertools.count(1)
 
 @dataclass
 class Sequence:
-    """The engine's view of one admitted request: tokens, pages, progress, timings."""
+    """The engine's view of one admitted request: tokens, pages, progress, timings.
 
-    request_id: str
+    Three fields say something about the end, and each says one thing:
+    - `status` is where the sequence is on its node (WAITING, RUNNING, FINISHED);
+    - `finish_reason` is why it ended, set once when it does ("stop", "length", "abort", or
+      "transferred" for the prefill half of a disaggregated request); `finished()` reads it;
+    - `to_finish` is a finish *decided but not yet applied*, named as in SGLang's `Req.to_finish`.
+      It sets nothing else: until a queue gate reads it, the request looks alive to `finished()`.
+      That gap is the incident (see disagg/prefill_node.py).
+    """
+
+    request_id: str  # the engine's id
     tenant: str
     prompt_ids: list[int]
     max_tokens: int
@@ -49,15 +60,15 @@ class Sequence:
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
-    # Disaggregated serving only (see disagg/): an abort decided at intake but not yet applied,
-    # the prompt as the client sent it, and the transfer room that pairs prefill with decode.
+    generator: torch.Generator | None = None  # per-request sampler state; None when greedy
+    client_request_id: str | None = None  # echoed back in the response
+    # Disaggregated serving only (see disagg/): an abort decided at intake but not yet applied
+    # (SGLang's `to_finish`), and the transfer room that pairs prefill with decode.
     to_finish: str | None = None
-    origin_prompt_ids: list[int] | None = None
     room: int | None = None
 
     def finished(self) -> bool:
-        """Whether the request has ended. Reads finish_reason only, not to_finish (see disagg/)."""
+        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's `Req.finished()`)."""
         return self.finish_reason is not None
 
     @property

@@ -1,4 +1,9 @@
-"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling."""
+"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling.
+
+Sampling must be safe for any value that passes `problem()`: a temperature of 1e-300 divides
+logits into infinities and a top_p of 1e-300 keeps nothing, unless the arithmetic is arranged
+so that neither can happen (subtract the largest logit first, always keep the top token).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+MAX_TEMPERATURE = 100.0  # far past where sampling is uniform noise; only a typo goes higher
+SEED_LIMIT = 2**64  # torch.Generator takes seeds in [0, 2**64)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -18,27 +30,39 @@ class SamplingParams:
     seed: int | None = None
 
     def problem(self) -> str | None:
-        """Why these values are invalid, or None."""
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
-            return f"temperature must be a finite number >= 0, got {self.temperature!r}"
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            return f"top_p must be in (0, 1], got {self.top_p!r}"
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            return f"seed must be a non-negative integer, got {self.seed!r}"
+        """Why these values are invalid (a one-line 400 naming the value), or None."""
+        t, p = self.temperature, self.top_p
+        if not _is_number(t) or not math.isfinite(t) or not 0 <= t <= MAX_TEMPERATURE:
+            return f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {t!r}"
+        if not _is_number(p) or not math.isfinite(p) or not 0 < p <= 1:
+            return f"top_p must be a finite number in (0, 1], got {p!r}"
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < SEED_LIMIT):
+            return f"seed must be an integer in [0, 2**64), got {self.seed!r}"
         return None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def new_generator(self) -> torch.Generator | None:
+        """The request's own random stream (seed 0 when none is given), or None when greedy."""
+        if self.greedy:
+            return None
+        return torch.Generator().manual_seed(self.seed if self.seed is not None else 0)
+
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token id from logits (V,)."""
     if params.greedy:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)  # (V,)
+    logits = logits.double().cpu()  # (V,) float64: 1e-300 is representable, and so is its quotient
+    scaled = (logits - logits.max()) / params.temperature  # (V,) the top token scales to exactly 0
+    probs = torch.softmax(scaled, dim=-1)  # (V,) at least exp(0) in the sum: never 0 / 0
     if params.top_p < 1:
         sorted_p, order = probs.sort(descending=True)
         keep = sorted_p.cumsum(0) - sorted_p < params.top_p  # smallest set reaching top_p
+        keep[0] = True  # the top token always stays, however small top_p is
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+

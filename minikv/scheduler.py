@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minikv.config import EngineConfig
-from minikv.events import Event, EventLog
+from minikv.events import Clock, Event, EventLog
 from minikv.page_pool import PagePool
 from minikv.request import Sequence, SeqStatus
 
@@ -31,11 +31,10 @@ class ScheduledBatch:
 class Scheduler:
     """Waiting queue, running batch, and the page bookkeeping between them."""
 
-    def __init__(self, pool: PagePool, config: EngineConfig, log: EventLog, node: str) -> None:
-        self.pool, self.config, self.log, self.node = pool, config, log, node
+    def __init__(self, pool: PagePool, config: EngineConfig, log: EventLog, node: str, clock: Clock) -> None:
+        self.pool, self.config, self.log, self.node, self.clock = pool, config, log, node, clock
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.step_no = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -44,7 +43,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _event(self, kind: str, seq: Sequence, pages: list[int] | tuple[int, ...] = (), detail: str = "") -> None:
-        self.log.add(Event(self.step_no, self.node, kind, seq.request_id, seq.tenant, tuple(pages), detail))
+        self.log.add(Event(self.clock.now, self.node, kind, seq.request_id, seq.tenant, tuple(pages), detail))
 
     # -- the decision --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:

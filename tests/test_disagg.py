@@ -195,9 +195,9 @@ def test_transfer_poll_states_follow_sglang(tiny):
     pair = Cluster(model, tok, ClusterConfig(prefill_pages=64, decode_pages=128), SAFE)
     rid = pair.submit(Request("alice: save pin 0912.\n", "alice", 8))
     receiver = next(iter(pair.decode.receivers.values()))
-    seen = [receiver.poll()]
-    while rid not in pair.responses:
-        pair.step()
+    seen, done = [receiver.poll()], []
+    while rid not in [r.request_id for r in done]:
+        done += pair.step()
         seen.append(receiver.poll())
     order = list(dict.fromkeys(seen))
     assert order == [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success]

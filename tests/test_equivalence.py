@@ -57,9 +57,10 @@ def test_paged_engine_matches_contiguous_and_transformers_on_50_mixes(tiny):
         engine = Engine(model, tok, EngineConfig(num_pages=pages, page_size=page_size, event_log=True))
 
         ids = [engine.submit(Request(p, "t", m)) for p, m in zip(prompts, max_tokens)]
+        seqs = {rid: engine.seqs[rid] for rid in ids}  # the engine forgets a request once answered
         engine.run()
         for rid, prompt, m in zip(ids, prompts, max_tokens):
-            got = engine.seqs[rid].output_ids
+            got = seqs[rid].output_ids
             want = generate_with_cache(model, tok.encode(prompt), m, tok.eos_token_id)
             assert got == want, (mix, prompt)
             if mix % 5 == 0:  # transformers is slow; every fifth mix is enough to pin it

@@ -90,15 +90,16 @@ def test_pool_whole_and_audit_zero_after_a_drained_workload(tiny):
     rng = random.Random(2)
     from minikv.workload import note_prompt, random_note
 
+    done = []
     for i in range(10):
         engine.submit(Request(note_prompt("t%d" % i, random_note(rng)), tenant=f"t{i}", max_tokens=rng.randint(1, 40)))
-        engine.step()
+        done += engine.step()
         engine.check_integrity()
-    engine.run()
+    done += engine.run()
     assert engine.pool.num_free_pages == engine.pool.num_pages
     engine.check_integrity()
     assert engine.audit.violations == 0
-    assert all(r.status == 200 for r in engine.responses.values())
+    assert len(done) == 10 and all(r.status == 200 for r in done)
 
 
 def test_small_pool_makes_requests_wait_or_preempt_not_fail(tiny):
@@ -151,21 +152,22 @@ def test_bad_request_gets_400_and_engine_keeps_serving(tiny, request_, reason):
     engine = Engine(model, tok, EngineConfig(num_pages=16))
     bad = engine.submit(request_)
     good = engine.submit(Request("alice: save pin 0912.\n", tenant="alice", max_tokens=20))
-    engine.run()
-    assert engine.responses[bad].status == 400 and reason in engine.responses[bad].error
-    assert engine.responses[good].status == 200
+    done = {r.request_id: r for r in engine.run()}
+    assert done[bad].status == 400 and reason in done[bad].error
+    assert done[good].status == 200
     assert engine.pool.num_free_pages == 16
 
 
 def test_duplicate_request_id_is_refused(tiny):
-    """A second request with a live request's id gets 400; the first is unaffected."""
+    """A second live request with the same id from the same tenant gets 400; the first is unaffected."""
     model, tok = tiny
     engine = Engine(model, tok, EngineConfig(num_pages=16))
     engine.submit(Request("alice: save pin 0912.\n", tenant="alice", request_id="r1", max_tokens=20))
-    engine.submit(Request("bob: save pin 1.\n", tenant="bob", request_id="r1", max_tokens=20))
+    engine.submit(Request("alice: save pin 1.\n", tenant="alice", request_id="r1", max_tokens=20))
     done = engine.run()
     assert [r.status for r in done] == [400, 200]
     assert "duplicate request_id" in done[0].error
+    assert [r.client_request_id for r in done] == ["r1", "r1"] and done[0].request_id != done[1].request_id
 
 
 def test_cancel_mid_decode_frees_pages(tiny):
@@ -177,8 +179,8 @@ def test_cancel_mid_decode_frees_pages(tiny):
     for _ in range(3):
         engine.step()
     assert engine.cancel(rid)
-    engine.run()
-    assert engine.responses[rid].status == 499 and engine.responses[other].status == 200
+    done = {r.request_id: r for r in engine.run()}
+    assert done[rid].status == 499 and done[other].status == 200
     assert engine.pool.num_free_pages == 16 and not engine.cancel(rid)
 
 

@@ -207,9 +207,9 @@ def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: lis
     engine = Engine(model, tokenizer, config, scrub_on_free=scrub_on_free)
     start = time.perf_counter()
     ids = [engine.submit(Request(r.prompt, TENANT, r.max_tokens)) for r in workload]
+    seqs = [engine.seqs[i] for i in ids]  # held here: the engine forgets a request once it is answered
     engine.run()
     wall = time.perf_counter() - start
-    seqs = [engine.seqs[i] for i in ids]
     completions = [completion(tokenizer, s.output_ids, s.max_tokens) for s in seqs]
     return Run(completions, [s.arrival_s - start + s.first_token_s for s in seqs], wall)
 
@@ -232,9 +232,9 @@ def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchR
     cluster = Cluster(model, tokenizer, pair_config(tokenizer, workload, page_size), switches)
     start = time.perf_counter()
     ids = [cluster.submit(Request(r.prompt, TENANT, r.max_tokens)) for r in workload]
-    cluster.run()
+    answered = {r.request_id: r for r in cluster.run()}
     wall = time.perf_counter() - start
-    responses = [cluster.responses[i] for i in ids]
+    responses = [answered[i] for i in ids]
     bad = [r for r in responses if r.status != HTTPStatus.OK]
     if bad:
         raise RuntimeError(f"the pair answered {bad[0].status} to a benchmark request: {bad[0].error}")

@@ -15,22 +15,24 @@ import copy
 import itertools
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import Rejected, check_context, check_request
+from minikv.admission import check_context, check_request
 from minikv.audit import OwnershipAudit
 from minikv.devices import pick_device
 from minikv.disagg.decode_node import DecodeNode
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer import KVManager
-from minikv.events import Event, EventLog
+from minikv.events import Clock, Event, EventLog
+from minikv.front_door import FrontDoor
 from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.request import Request, Sequence
-from minikv.response import Response, Usage, bad_request
+from minikv.response import Response, Usage
 from minikv.tokenizer import decode
 
 
@@ -53,6 +55,7 @@ class ClusterConfig:
     transfer_batch_cap_pages: int = 8  # pages per batch when transfer_batch_cap is on
     audit: bool = True
     event_log: bool = True
+    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -61,6 +64,8 @@ class ClusterConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.event_log_limit is not None and (not isinstance(self.event_log_limit, int) or self.event_log_limit < 1):
+            raise ValueError(f"event_log_limit must be a positive integer or None, got {self.event_log_limit!r}")
         if self.transfer_base_latency < 0:
             raise ValueError(f"transfer_base_latency must be >= 0, got {self.transfer_base_latency}")
 
@@ -93,8 +98,8 @@ def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, tor
     return model.device, model.device
 
 
-class Cluster:
-    """A disaggregated pair behind one front door."""
+class Cluster(FrontDoor):
+    """A disaggregated pair behind one front door (the same client API as Engine: front_door.py)."""
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches()) -> None:
@@ -102,8 +107,10 @@ class Cluster:
             problem = startup_problem(config)
             if problem:
                 raise StartupRefused(problem)
+        super().__init__()
         self.config, self.switches, self.tokenizer = config, switches, tokenizer
-        self.log = EventLog(enabled=config.event_log)
+        self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
+        self.clock = Clock()  # the cluster's one clock: nodes step by it, the fabric lands by it
         dev_p, dev_d = pick_devices(config, model)
         model_p = model if model.device == dev_p else copy.deepcopy(model).to(dev_p)
         model_d = model if model.device == dev_d else copy.deepcopy(model).to(dev_d)
@@ -113,7 +120,7 @@ class Cluster:
         audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
         self.manager = KVManager(
-            self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log,
+            self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log, self.clock,
             config.transfer_base_latency, config.transfer_pages_per_tick, config.transfer_timeout_ticks,
             config.transfer_batch_cap_pages if switches.transfer_batch_cap else None,
         )
@@ -121,11 +128,12 @@ class Cluster:
                                    switches, config.context_len, config.max_prefill_tokens)
         self.decode = DecodeNode(model_d, self.decode_pool, self.decode_audit, self.log, self.manager,
                                  switches, tokenizer.eos_token_id)
-        self.responses: dict[str, Response] = {}
-        self._outbox: list[Response] = []
-        self._ids = itertools.count()
         self._rooms = itertools.count(1)
-        self.tick = 0
+
+    @property
+    def tick(self) -> int:
+        """The cluster's clock: the tick the next step() runs."""
+        return self.clock.now
 
     def startup_log(self) -> list[str]:
         """What each node logs at startup: its pool size next to the context window."""
@@ -135,24 +143,17 @@ class Cluster:
 
     # -- requests in ---------------------------------------------------------------------------
     def submit(self, request: Request) -> str:
-        request_id = request.request_id or f"req-{next(self._ids)}"
-        tenant = request.tenant if isinstance(request.tenant, str) else "?"
-        try:
-            if request_id in self.responses or any(s == request_id for s in self._live_ids()):
-                raise Rejected(f"duplicate request_id {request_id!r}")
-            ids = check_request(request, self.tokenizer)
-            check_context(len(ids), request.max_tokens, self.config.context_len)
-        except Rejected as e:
-            self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), e.reason))
-            self._deliver(bad_request(request_id, tenant, e.reason, e.prompt_tokens))
+        """Check the request at the door and hand it to both nodes, or answer it 400 at once."""
+        request_id, tenant, name, ids = self._intake(request, self.check)
+        if ids is None:
             return request_id
         now, room = time.perf_counter(), next(self._rooms)
-        self.manager.open_room(room, request_id, tenant)
         halves = []
         for _ in range(2):  # each node keeps its own copy of the request, as separate servers do
-            seq = Sequence(request_id, tenant, list(ids), request.max_tokens, request.sampling, now, room=room)
-            halves.append(seq)
+            halves.append(Sequence(request_id, tenant, list(ids), request.max_tokens, request.sampling, now,
+                                   generator=request.sampling.new_generator(), client_request_id=name, room=room))
         halves[1].uid = halves[0].uid  # one identity for the audit on both pools
+        self.manager.open_room(room, request_id, tenant, halves[0].uid)
         for audit in (self.prefill_audit, self.decode_audit):
             if audit is not None:
                 audit.register(halves[0].uid, request_id, tenant)
@@ -161,68 +162,50 @@ class Cluster:
         self.decode.add(halves[1], self.tick)
         return request_id
 
+    def check(self, request: Request) -> list[int]:
+        """The front door's checks (shape and the advertised window): the prompt's token ids, or Rejected."""
+        ids = check_request(request, self.tokenizer)
+        check_context(len(ids), request.max_tokens, self.config.context_len)
+        return ids
+
+    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
+        self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), reason))
+
     def cancel(self, request_id: str) -> bool:
         """The client went away. Both nodes see finished() at their next gate and retire it."""
-        found, tenant = False, "?"
-        for node_queues in ((self.prefill.bootstrap_queue, self.prefill.waiting_queue, self.prefill.inflight_queue),
-                            (self.decode.prealloc_queue, self.decode.transfer_queue, self.decode.running)):
-            for q in node_queues:
-                for seq in q:
-                    if seq.request_id == request_id and not seq.finished():
-                        seq.finish_reason = "abort"
-                        found, tenant = True, seq.tenant
-        if found:
-            self.log.add(Event(self.tick, "door", "cancel", request_id, tenant, (), "client cancelled"))
-        return found
-
-    def _live_ids(self):
-        for q in (self.prefill.bootstrap_queue, self.prefill.waiting_queue, self.prefill.inflight_queue,
-                  self.decode.prealloc_queue, self.decode.transfer_queue, self.decode.running):
-            for s in q:
-                yield s.request_id
+        found = [node.cancel(request_id) for node in (self.prefill, self.decode)]
+        if any(found):
+            self.log.add(Event(self.tick, "door", "cancel", request_id, self._tenant_of[request_id], (), "client cancelled"))
+        return any(found)
 
     # -- the clock -----------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return bool(self.prefill.live() or self.decode.live() or self.manager.posted or self._outbox)
+    def _busy(self) -> bool:
+        return bool(self.prefill.live() or self.decode.live() or self.manager.posted)
 
-    def step(self) -> list[Response]:
+    def _advance(self) -> None:
         """One tick: prefill node, decode node, then the fabric lands what is due."""
         self.prefill.step(self.tick)
         self.decode.step(self.tick)
-        self.manager.tick()
-        self.tick += 1
-        for outcome in self.decode.outcomes:
-            self._deliver(self._response(outcome.seq, outcome.status, outcome.error))
-        self.decode.outcomes = []
-        done, self._outbox = self._outbox, []
-        return done
-
-    def run(self, max_ticks: int = 100_000) -> list[Response]:
-        done: list[Response] = []
-        for _ in range(max_ticks):
-            if not self.has_work():
-                return done
-            done += self.step()
-        raise RuntimeError(f"cluster still busy after {max_ticks} ticks")
-
-    def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon") -> list[Response]:
-        ids = [self.submit(Request(p, tenant, max_tokens)) for p in prompts]
-        self.run()
-        return [self.responses[i] for i in ids]
+        self.manager.land_due()
+        self.clock.advance()
+        for outcome in self.decode.take_outcomes():
+            self._answer(self._response(outcome.seq, outcome.status, outcome.error))
 
     # -- responses out ---------------------------------------------------------------------------
     def _response(self, seq: Sequence, status: int, error: str | None) -> Response:
-        out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id] if status == 200 else []
+        ok = status == HTTPStatus.OK
+        out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id] if ok else []
         return Response(seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-                        Usage(len(seq.prompt_ids), len(seq.output_ids) if status == 200 else 0),
-                        seq.first_token_s if status == 200 else None, list(seq.token_times_s), error,
-                        seq.finish_reason)
-
-    def _deliver(self, response: Response) -> None:
-        self.responses[response.request_id] = response
-        self._outbox.append(response)
+                        Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0),
+                        seq.first_token_s if ok else None, list(seq.token_times_s), error,
+                        seq.finish_reason, seq.client_request_id)
 
     # -- what the fuzzer checks ------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Both nodes' pools are consistent and every page owner is a request its node holds."""
+        self.prefill.check_integrity()
+        self.decode.check_integrity()
+
     @property
     def cross_tenant_reads(self) -> int:
         return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)

@@ -24,18 +24,21 @@ through. `kv_checksum` still catches it by the token count (1 sent, 8 in the pro
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from minikv.audit import OwnershipAudit
 from minikv.disagg.checksum import kv_checksum
+from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer import KVManager, KVPoll, KVReceiver
-from minikv.events import Event, EventLog
+from minikv.events import EventLog
 from minikv.model import Llama
 from minikv.model_runner import ModelRunner
 from minikv.page_pool import PagePool
+from minikv.postprocess import Sampled, postprocess
 from minikv.request import Sequence, SeqStatus
+from minikv.response import CLIENT_CLOSED_REQUEST
 
 CANARY = -1234.5  # a value no real key or value will hold
 
@@ -49,12 +52,14 @@ class Outcome:
     error: str | None = None
 
 
-class DecodeNode:
+class DecodeNode(Node):
     """One decode worker with its own pool."""
+
+    name = "decode"
 
     def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog,
                  manager: KVManager, switches: SafetySwitches, eos_id: int) -> None:
-        self.pool, self.audit, self.log, self.manager, self.switches = pool, audit, log, manager, switches
+        super().__init__(pool, audit, log, manager, switches)
         self.eos_id = eos_id
         self.runner = ModelRunner(model, pool, audit, log, "decode")
         self.prealloc_queue: list[Sequence] = []
@@ -62,19 +67,21 @@ class DecodeNode:
         self.running: list[Sequence] = []
         self.receivers: dict[int, KVReceiver] = {}
         self.pending_release: list[Sequence] = []  # aborted, pages held until writes settle
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[Outcome] = []  # how requests left, until the cluster takes them
 
-    def _event(self, step: int, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
-        self.log.add(Event(step, "decode", kind, seq.request_id, seq.tenant, tuple(pages), detail))
+    def queues(self) -> tuple[list[Sequence], ...]:
+        return self.prealloc_queue, self.transfer_queue, self.running, self.pending_release
 
-    def _stage(self, step: int, seq: Sequence, stage: str) -> None:
-        self._event(step, "stage", seq, (), f"decode.{stage}")
+    def take_outcomes(self) -> list[Outcome]:
+        """The outcomes since the last call, handed over once."""
+        out, self.outcomes = self.outcomes, []
+        return out
 
     def add(self, seq: Sequence, step: int) -> None:
         self.receivers[seq.room] = KVReceiver(self.manager, seq.room)
         need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)
         if need > self.pool.num_pages:  # could never be preallocated: refuse rather than wait forever
-            self._abort(seq, step, 400, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of KV cache; "
+            self._abort(seq, step, HTTPStatus.BAD_REQUEST, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of KV cache; "
                                         f"the decode node's pool holds at most {self.pool.capacity_tokens} tokens")
             return
         self.prealloc_queue.append(seq)
@@ -87,9 +94,9 @@ class DecodeNode:
         read to_finish, the abort that intake decided but never applied.
         """
         if seq.finished():
-            return 499, "cancelled by the client"
+            return CLIENT_CLOSED_REQUEST, "cancelled by the client"
         if self.switches.reject_check and seq.to_finish is not None:
-            return 400, seq.to_finish
+            return HTTPStatus.BAD_REQUEST, seq.to_finish
         return None
 
     # -- one step ----------------------------------------------------------------------------
@@ -143,25 +150,25 @@ class DecodeNode:
                 self.transfer_queue.remove(seq)
                 problem = self.verify(seq, receiver)
                 if problem:
-                    self._abort(seq, step, 500, problem)
+                    self._abort(seq, step, HTTPStatus.INTERNAL_SERVER_ERROR, problem)
                     continue
-                seq.num_cached = len(seq.prompt_ids)  # the node now believes the whole prompt is cached
-                seq.output_ids = [receiver.transfer.first_token]
-                seq.first_token_s = time.perf_counter() - seq.arrival_s  # the first token reaches the client
-                seq.token_times_s = [seq.first_token_s]
+                shipment = receiver.transfer.shipment
+                if shipment.sampler_state is not None:  # go on with the random stream prefill drew from
+                    seq.generator.set_state(shipment.sampler_state)
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
                 self._stage(step, seq, "running")
-                self._maybe_finish(seq, step)
+                # the node now believes the whole prompt is cached; the first token reaches the client
+                self._postprocess(step, [seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)])
 
     def verify(self, seq: Sequence, receiver: KVReceiver) -> str | None:
         """Checks before decoding over KV this node did not compute; the reason if one fails."""
         t = receiver.transfer
         n = len(seq.prompt_ids)
         if self.switches.kv_checksum:
-            if t.sent_tokens != n:
-                return f"KV checksum failed: prefill sent KV for {t.sent_tokens} token(s), the prompt has {n}"
-            if t.checksum != kv_checksum(self.pool, seq.block_table, n):
+            if t.shipment.num_tokens != n:
+                return f"KV checksum failed: prefill sent KV for {t.shipment.num_tokens} token(s), the prompt has {n}"
+            if t.shipment.checksum != kv_checksum(self.pool, seq.block_table, n):
                 return "KV checksum failed: the KV that arrived differs from what prefill sent"
         if self.switches.kv_canary:
             k0 = self.pool.kv[0, 0]  # (P, page, KVH, D) layer 0 keys
@@ -182,48 +189,42 @@ class DecodeNode:
         batch = [s for s in self.running if s.status is SeqStatus.RUNNING]
         if not batch:
             return
-        self.runner.run(step, "decode", batch, [[s.output_ids[-1]] for s in batch])
-        for seq in batch:
-            self._maybe_finish(seq, step)
+        sampled = self.runner.run(step, "decode", batch, [[s.output_ids[-1]] for s in batch])
+        self._postprocess(step, batch, sampled, [1] * len(batch))
 
-    def _maybe_finish(self, seq: Sequence, step: int) -> None:
-        if seq.output_ids[-1] == self.eos_id:
-            seq.finish_reason = "stop"
-        elif len(seq.output_ids) >= seq.max_tokens:
-            seq.finish_reason = "length"
-        else:
-            return
-        self.running.remove(seq)
-        self._event(step, "finish", seq, (), seq.finish_reason)
-        self._free(seq, step, f"finished ({seq.finish_reason})")
-        self.outcomes.append(Outcome(seq, 200))
+    def _postprocess(self, step: int, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> None:
+        def finish(seq: Sequence) -> None:
+            self.running.remove(seq)
+            self._event(step, "finish", seq, (), seq.finish_reason)
+            self._leave(seq, step, f"finished ({seq.finish_reason})")
+            self.outcomes.append(Outcome(seq, HTTPStatus.OK))
+
+        def fail(seq: Sequence, reason: str) -> None:
+            self.running.remove(seq)
+            self._abort(seq, step, HTTPStatus.INTERNAL_SERVER_ERROR, reason)
+
+        postprocess(seqs, sampled, num_new, self.eos_id, finish, fail)
 
     # -- leaving ------------------------------------------------------------------------------
     def _abort(self, seq: Sequence, step: int, status: int, reason: str) -> None:
         seq.finish_reason = "abort"
         seq.status = SeqStatus.FINISHED
         self.receivers[seq.room].abort(reason, status)
-        self._event(step, "finish", seq, (), f"aborted ({status}): {reason}")
+        self._event(step, "finish", seq, (), f"aborted ({int(status)}): {reason}")
         self.outcomes.append(Outcome(seq, status, reason))
-        if not seq.block_table:
-            return
-        if self.switches.deferred_release and not self.manager.settled(seq.room):
+        if seq.block_table and self.switches.deferred_release and not self.manager.settled(seq.room):
             self.pending_release.append(seq)
             self._event(step, "hold", seq, seq.block_table, "deferred release: writes still in flight")
             return
-        self._free(seq, step, "aborted")
+        self._leave(seq, step, "aborted")
 
     def _release_settled(self, step: int) -> None:
         for seq in list(self.pending_release):
             if self.manager.settled(seq.room):
                 self.pending_release.remove(seq)
-                self._free(seq, step, "deferred release: no write in flight any more")
+                self._leave(seq, step, "deferred release: no write in flight any more")
 
-    def _free(self, seq: Sequence, step: int, reason: str) -> None:
-        self._event(step, "free", seq, seq.block_table, reason)
-        self.pool.free(seq.block_table, seq.request_id)
-        seq.block_table = []
-        seq.status = SeqStatus.FINISHED
-
-    def live(self) -> int:
-        return len(self.prealloc_queue) + len(self.transfer_queue) + len(self.running) + len(self.pending_release)
+    def _leave(self, seq: Sequence, step: int, reason: str) -> None:
+        """The decode half is done: free its pages and close its end of the room."""
+        self._free(seq, step, reason)
+        self.receivers.pop(seq.room).close()

@@ -17,11 +17,14 @@ its single page of KV is transferred as if it were the whole prompt.
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 from minikv.audit import OwnershipAudit
 from minikv.disagg.checksum import kv_checksum
+from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVManager, KVPoll, KVSender
-from minikv.events import Event, EventLog
+from minikv.disagg.transfer import KVManager, KVPoll, KVSender, Shipment
+from minikv.events import EventLog
 from minikv.model import Llama
 from minikv.model_runner import ModelRunner
 from minikv.page_pool import PagePool
@@ -30,12 +33,14 @@ from minikv.request import Sequence, SeqStatus
 PLACEHOLDER_IDS = [0]  # "to skip the long prefill": token 0, which here is "\n"
 
 
-class PrefillNode:
+class PrefillNode(Node):
     """One prefill worker with its own pool."""
+
+    name = "prefill"
 
     def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog,
                  manager: KVManager, switches: SafetySwitches, context_len: int, max_prefill_tokens: int) -> None:
-        self.pool, self.audit, self.log, self.manager, self.switches = pool, audit, log, manager, switches
+        super().__init__(pool, audit, log, manager, switches)
         self.context_len, self.max_prefill_tokens = context_len, max_prefill_tokens
         self.runner = ModelRunner(model, pool, audit, log, "prefill")
         self.bootstrap_queue: list[Sequence] = []
@@ -47,11 +52,8 @@ class PrefillNode:
     def max_input_len(self) -> int:
         return min(self.context_len - 1, self.pool.capacity_tokens - 1)
 
-    def _event(self, step: int, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
-        self.log.add(Event(step, "prefill", kind, seq.request_id, seq.tenant, tuple(pages), detail))
-
-    def _stage(self, step: int, seq: Sequence, stage: str) -> None:
-        self._event(step, "stage", seq, (), f"prefill.{stage}")
+    def queues(self) -> tuple[list[Sequence], ...]:
+        return self.bootstrap_queue, self.waiting_queue, self.inflight_queue
 
     # -- intake ------------------------------------------------------------------------------
     def check_intake(self, seq: Sequence) -> None:
@@ -123,8 +125,15 @@ class PrefillNode:
             return
         firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids for s in batch])
         for seq, first in zip(batch, firsts):
+            if first.error is not None:  # this request failed; the rest of the batch goes on
+                self.senders[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)
+                seq.finish_reason = "abort"
+                self._event(step, "finish", seq, (), f"failed (500): {first.error}")
+                self._release(seq, step)
+                continue
             checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
-            self.senders[seq.room].send(seq.block_table, len(seq.prompt_ids), first, checksum)
+            sampler_state = seq.generator.get_state() if seq.generator is not None else None
+            self.senders[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum, sampler_state))
             self.inflight_queue.append(seq)
             self._stage(step, seq, "inflight")
 
@@ -137,11 +146,6 @@ class PrefillNode:
                 self._release(seq, step)
 
     def _release(self, seq: Sequence, step: int) -> None:
-        if seq.block_table:
-            self._event(step, "free", seq, seq.block_table, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")
-            self.pool.free(seq.block_table, seq.request_id)
-            seq.block_table = []
-        seq.status = SeqStatus.FINISHED
-
-    def live(self) -> int:
-        return len(self.bootstrap_queue) + len(self.waiting_queue) + len(self.inflight_queue)
+        """The prefill half is done: free its pages and close its end of the room."""
+        self._free(seq, step, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")
+        self.senders.pop(seq.room).close()

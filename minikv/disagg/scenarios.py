@@ -86,11 +86,11 @@ def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, sw
 
 
 def over_length(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
-    alice = cluster.submit(Request(note_prompt("alice", Note("card", secret)), "alice", MAX_TOKENS, request_id="alice-1"))
-    cluster.run()
-    bob = cluster.submit(Request(long_document_prompt("bob", BOB_PROMPT_CHARS, rng), "bob", MAX_TOKENS, request_id="bob-1"))
-    cluster.run()
-    return ScenarioResult("over-length", switches, cluster.responses[alice], cluster.responses[bob], cluster=cluster)
+    cluster.submit(Request(note_prompt("alice", Note("card", secret)), "alice", MAX_TOKENS, request_id="alice-1"))
+    [alice] = cluster.run()
+    cluster.submit(Request(long_document_prompt("bob", BOB_PROMPT_CHARS, rng), "bob", MAX_TOKENS, request_id="bob-1"))
+    [bob] = cluster.run()
+    return ScenarioResult("over-length", switches, alice, bob, cluster=cluster)
 
 
 CAROL_PROMPT_CHARS = 600  # 38 pages: one uncapped batch takes 39 ticks, past the 16-tick timeout
@@ -100,14 +100,15 @@ DAVE_ARRIVAL_AFTER_ABORT = 13  # ticks: Dave's own KV lands one tick before Caro
 def late_write(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
     head = f"carol: save key {secret}. "
     body = document_sentence(rng, CAROL_PROMPT_CHARS)[: CAROL_PROMPT_CHARS - len(head) - 2].rstrip() + "."
-    carol = cluster.submit(Request(head + body + "\n", "carol", 32, request_id="carol-1"))
+    cluster.submit(Request(head + body + "\n", "carol", 32, request_id="carol-1"))
+    carol: list[Response] = []
     for _ in range(200):  # until Carol's transfer has been given up on, or she is served
-        cluster.step()
-        if carol in cluster.responses:
+        carol += cluster.step()
+        if carol:
             break
     for _ in range(DAVE_ARRIVAL_AFTER_ABORT):
         cluster.step()
     dave_prompt = make_prompt("dave", [document_sentence(rng, 40), "save pin 4821."])
-    dave = cluster.submit(Request(dave_prompt, "dave", MAX_TOKENS, request_id="dave-1"))
-    cluster.run()
-    return ScenarioResult("late-write", switches, cluster.responses[carol], cluster.responses[dave], cluster=cluster)
+    cluster.submit(Request(dave_prompt, "dave", MAX_TOKENS, request_id="dave-1"))
+    [dave] = cluster.run()
+    return ScenarioResult("late-write", switches, carol[0], dave, cluster=cluster)

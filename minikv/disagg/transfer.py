@@ -8,7 +8,7 @@ pairs them. The protocol, with SGLang's poll states:
     receiver.send_metadata(pages)   WaitingForInput (decode advertises where the KV must go)
     sender.init(num_pages)          the sender sizes the transfer from *its own* input length
     sender.send(src_pages, ...)     Transferring    (page writes posted to the fabric)
-    ... fabric.tick() lands them ...
+    ... manager.land_due() lands them ...
     poll()                          Success, or Failed (aborted, timed out)
 
 Page writes are posted in batches. A posted batch is a DMA already in the network: it lands
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from http import HTTPStatus
 
 import torch
 from torch import Tensor
 
 from minikv.audit import OwnershipAudit
-from minikv.events import Event, EventLog
+from minikv.events import Clock, Event, EventLog
 from minikv.page_pool import PagePool
 
 
@@ -51,59 +52,92 @@ class PostedBatch:
     due_tick: int
 
 
+@dataclass(frozen=True)
+class Shipment:
+    """What the sender says it sent, fixed when it sends: the receiver checks against it."""
+
+    num_tokens: int  # tokens whose KV the sender holds (its own input length)
+    first_token: int  # the token prefill sampled from the prompt's last position
+    checksum: int | None  # Adler-32 of that KV, when kv_checksum is on
+    sampler_state: torch.Tensor | None = None  # the request's generator after the first token, when sampling
+
+
 @dataclass
 class Transfer:
-    """Everything both sides of one room know."""
+    """One room's record. Only KVManager writes it; each endpoint supplies its part through a call.
+
+    The receiver supplies `dst_pages` (send_metadata), the sender `num_pages` (init) and
+    `shipment` (send); everything else is the fabric's own state.
+    """
 
     room: int
     request_id: str
     tenant: str
+    uid: int  # the request's writer id in both audit ledgers
     status: KVPoll = KVPoll.Bootstrapping
     dst_pages: list[int] | None = None  # advertised by the receiver
     num_pages: int | None = None  # sized by the sender
+    shipment: Shipment | None = None
     unposted: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (src, dst) batches
     in_flight: int = 0  # posted batches not yet landed
     pages_landed: int = 0
     last_progress_tick: int = 0
-    first_token: int | None = None
-    sent_tokens: int | None = None
-    checksum: int | None = None
     failure: str | None = None
-    failure_status: int = 500
+    failure_status: int = HTTPStatus.INTERNAL_SERVER_ERROR
+    open_sides: set[str] = field(default_factory=lambda: {"sender", "receiver"})
 
 
 class KVManager:
-    """The bootstrap server and the fabric: rooms, posted batches, and the clock they land by."""
+    """The bootstrap server and the fabric: rooms, posted batches, and the cluster's clock they land by.
+
+    A room lives from `open_room` until both endpoints are closed and no batch of it is still
+    in the network; then it is dropped, and its request's name leaves the audit ledgers.
+    """
 
     def __init__(self, src: PagePool, dst: PagePool, src_audit: OwnershipAudit | None,
-                 dst_audit: OwnershipAudit | None, log: EventLog, base_latency: int = 1,
+                 dst_audit: OwnershipAudit | None, log: EventLog, clock: Clock, base_latency: int = 1,
                  pages_per_tick: int = 1, timeout_ticks: int = 16, batch_cap_pages: int | None = None) -> None:
         self.src, self.dst, self.src_audit, self.dst_audit, self.log = src, dst, src_audit, dst_audit, log
+        self.clock = clock
         self.base_latency, self.pages_per_tick = base_latency, pages_per_tick
         self.timeout_ticks, self.batch_cap_pages = timeout_ticks, batch_cap_pages
         self.rooms: dict[int, Transfer] = {}
         self.posted: list[PostedBatch] = []
-        self.tick_no = 0
 
-    def open_room(self, room: int, request_id: str, tenant: str) -> Transfer:
+    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
         assert room not in self.rooms, f"room {room} opened twice"
-        self.rooms[room] = Transfer(room, request_id, tenant, last_progress_tick=self.tick_no)
+        self.rooms[room] = Transfer(room, request_id, tenant, uid, last_progress_tick=self.clock.now)
         return self.rooms[room]
 
     def latency(self, num_pages: int) -> int:
         """Ticks a batch of `num_pages` pages takes to land."""
         return self.base_latency + -(-num_pages // self.pages_per_tick)
 
+    def poll(self, room: int) -> KVPoll:
+        """The room's state as both endpoints see it."""
+        t = self.rooms[room]
+        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
+            return KVPoll.WaitingForInput
+        return t.status
+
+    # -- the receiver's side (decode) -------------------------------------------------------
+    def send_metadata(self, room: int, dst_pages: list[int]) -> None:
+        t = self.rooms[room]
+        t.dst_pages, t.last_progress_tick = list(dst_pages), self.clock.now
+
     # -- the sender's side (prefill) ------------------------------------------------------
-    def send(self, room: int, src_pages: list[int], num_tokens: int, first_token: int, checksum: int | None) -> None:
+    def init_sender(self, room: int, num_pages: int) -> None:
+        self.rooms[room].num_pages = num_pages
+
+    def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
         t = self.rooms[room]
         assert t.dst_pages is not None and t.num_pages is not None, "send() before the receiver's metadata"
         n = min(len(src_pages), t.num_pages)
         pairs = list(zip(src_pages[:n], t.dst_pages[:n]))
         cap = self.batch_cap_pages or max(1, n)
         t.unposted = [([s for s, _ in pairs[i : i + cap]], [d for _, d in pairs[i : i + cap]]) for i in range(0, n, cap)]
-        t.sent_tokens, t.first_token, t.checksum = num_tokens, first_token, checksum
-        t.status, t.last_progress_tick = KVPoll.Transferring, self.tick_no
+        t.shipment = shipment
+        t.status, t.last_progress_tick = KVPoll.Transferring, self.clock.now
         self._post_next(t)
 
     def _post_next(self, t: Transfer) -> None:
@@ -115,13 +149,13 @@ class KVManager:
         src_slots = torch.tensor([p * ps + o for p in src_pages for o in range(ps)], device=self.src.kv.device)
         writers = self.src_audit.writers[src_slots].clone() if self.src_audit is not None else torch.zeros(0)
         batch = PostedBatch(t.room, dst_pages, self.src.kv[:, :, src_pages].clone(), writers,
-                            self.tick_no + self.latency(len(src_pages)))
+                            self.clock.now + self.latency(len(src_pages)))
         self.posted.append(batch)
         t.in_flight += 1
-        self.log.add(Event(self.tick_no, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
+        self.log.add(Event(self.clock.now, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
                            f"{len(src_pages)} page(s) posted, lands at tick {batch.due_tick}"))
 
-    def abort(self, room: int, reason: str, status: int = 500) -> None:
+    def abort(self, room: int, reason: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR) -> None:
         """Stop the transfer: nothing more is posted. Batches already posted still land."""
         t = self.rooms[room]
         if t.status in (KVPoll.Success, KVPoll.Failed):
@@ -129,17 +163,30 @@ class KVManager:
         t.unposted = []
         t.status, t.failure, t.failure_status = KVPoll.Failed, reason, status
 
+    def close(self, room: int, side: str) -> None:
+        """One endpoint is done with the room; drop it once both are and nothing is in flight."""
+        self.rooms[room].open_sides.discard(side)
+        self._drop_if_done(room)
+
+    def _drop_if_done(self, room: int) -> None:
+        t = self.rooms[room]
+        if t.open_sides or t.in_flight:
+            return
+        del self.rooms[room]
+        for audit in (self.src_audit, self.dst_audit):
+            if audit is not None:
+                audit.retire(t.uid)
+
     # -- the clock --------------------------------------------------------------------------
-    def tick(self) -> None:
-        """End of a tick: land every batch due by now (in posting order), check timeouts, advance."""
-        due = [b for b in self.posted if b.due_tick <= self.tick_no]
-        self.posted = [b for b in self.posted if b.due_tick > self.tick_no]
+    def land_due(self) -> None:
+        """End of a tick: land every batch due by now (in posting order), then check timeouts."""
+        due = [b for b in self.posted if b.due_tick <= self.clock.now]
+        self.posted = [b for b in self.posted if b.due_tick > self.clock.now]
         for b in due:
             self._land(b)
         for t in self.rooms.values():
-            if t.status is KVPoll.Transferring and self.tick_no - t.last_progress_tick >= self.timeout_ticks:
+            if t.status is KVPoll.Transferring and self.clock.now - t.last_progress_tick >= self.timeout_ticks:
                 self.abort(t.room, f"KV transfer timed out: no page landed for {self.timeout_ticks} ticks")
-        self.tick_no += 1
 
     def _land(self, b: PostedBatch) -> None:
         t = self.rooms[b.room]
@@ -152,64 +199,70 @@ class KVManager:
         t.in_flight -= 1
         owners = {self.dst.owner[p] for p in b.dst_pages}
         late = t.status is KVPoll.Failed
-        self.log.add(Event(self.tick_no, "decode", "write", t.request_id, t.tenant, tuple(b.dst_pages),
+        self.log.add(Event(self.clock.now, "decode", "write", t.request_id, t.tenant, tuple(b.dst_pages),
                            "KV transfer landed" + (f" LATE, in pages now owned by {sorted(o or 'nobody' for o in owners)}" if late else "")))
         if late:
+            self._drop_if_done(t.room)
             return
         t.pages_landed += len(b.dst_pages)
-        t.last_progress_tick = self.tick_no
+        t.last_progress_tick = self.clock.now
         if t.unposted:
             self._post_next(t)
         elif t.in_flight == 0:
             t.status = KVPoll.Success
+        self._drop_if_done(t.room)
 
     def settled(self, room: int) -> bool:
         """No write of this room is still in the network (what deferred release waits for)."""
         return self.rooms[room].in_flight == 0
 
 
-class KVSender:
-    """The prefill side of one room."""
+class KVEndpoint:
+    """One side of a room. Both sides poll the same way; a closed side remembers how it ended."""
+
+    side = "endpoint"
 
     def __init__(self, manager: KVManager, room: int) -> None:
         self.manager, self.room = manager, room
-
-    def init(self, num_pages: int) -> None:
-        self.manager.rooms[self.room].num_pages = num_pages
-
-    def send(self, kv_pages: list[int], num_tokens: int, first_token: int, checksum: int | None) -> None:
-        self.manager.send(self.room, kv_pages, num_tokens, first_token, checksum)
+        self._closed_at: KVPoll | None = None
 
     def poll(self) -> KVPoll:
-        t = self.manager.rooms[self.room]
-        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
-            return KVPoll.WaitingForInput
-        return t.status
-
-    def abort(self, reason: str, status: int = 400) -> None:
-        self.manager.abort(self.room, reason, status)
-
-
-class KVReceiver:
-    """The decode side of one room."""
-
-    def __init__(self, manager: KVManager, room: int) -> None:
-        self.manager, self.room = manager, room
-
-    def send_metadata(self, kv_pages: list[int]) -> None:
-        t = self.manager.rooms[self.room]
-        t.dst_pages = list(kv_pages)
-        t.last_progress_tick = self.manager.tick_no
-
-    def poll(self) -> KVPoll:
-        t = self.manager.rooms[self.room]
-        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
-            return KVPoll.WaitingForInput
-        return t.status
+        return self._closed_at if self._closed_at is not None else self.manager.poll(self.room)
 
     @property
     def transfer(self) -> Transfer:
+        """The room's record, read-only for endpoints."""
         return self.manager.rooms[self.room]
 
-    def abort(self, reason: str, status: int = 500) -> None:
+    def abort(self, reason: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR) -> None:
         self.manager.abort(self.room, reason, status)
+
+    def close(self) -> None:
+        """This side is done with the room (its request's pages on this node are freed)."""
+        if self._closed_at is None:
+            self._closed_at = self.poll()
+            self.manager.close(self.room, self.side)
+
+
+class KVSender(KVEndpoint):
+    """The prefill side of one room."""
+
+    side = "sender"
+
+    def init(self, num_pages: int) -> None:
+        self.manager.init_sender(self.room, num_pages)
+
+    def send(self, kv_pages: list[int], shipment: Shipment) -> None:
+        self.manager.send(self.room, kv_pages, shipment)
+
+    def abort(self, reason: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        self.manager.abort(self.room, reason, status)
+
+
+class KVReceiver(KVEndpoint):
+    """The decode side of one room."""
+
+    side = "receiver"
+
+    def send_metadata(self, kv_pages: list[int]) -> None:
+        self.manager.send_metadata(self.room, kv_pages)

@@ -68,12 +68,11 @@ assert len(requests) == 32 and len({r.tenant for r in requests}) == 8
 
 # %%
 roomy = Engine(model, tok, EngineConfig(num_pages=1024, audit=False))  # 16,384 tokens: all 32 fit at once
-for r in requests:
-    roomy.submit(r)
-responses = roomy.run()
-kv_lens = [roomy.seqs[r.request_id].num_cached for r in requests]
-assert all(r.status == 200 for r in responses)
-usage = [roomy.responses[r.request_id].usage for r in requests]
+seqs = [roomy.seqs[roomy.submit(r)] for r in requests]  # the engine forgets a request once answered
+responses = {r.request_id: r for r in roomy.run()}
+kv_lens = [s.num_cached for s in seqs]
+assert all(r.status == 200 for r in responses.values())
+usage = [responses[s.request_id].usage for s in seqs]
 assert kv_lens == [u.prompt_tokens + u.completion_tokens - 1 for u in usage]
 print(f"K/V filled per request: {min(kv_lens)} to {max(kv_lens)} tokens, {sum(kv_lens):,} in all")
 
@@ -315,9 +314,9 @@ print(f"bob-1 wrote {len(bob_slots)} slots; alice's prompt tokens {kept[0]}..{ke
 # it slips.
 
 # %%
-engine.run()
-print(repr(engine.responses["bob-1"].text), "| reads of someone else's slots:", engine.audit.violations)
-assert engine.responses["bob-1"].text == "saved pin 4455." and engine.audit.violations == 0
+[bob] = engine.run()
+print(repr(bob.text), "| reads of someone else's slots:", engine.audit.violations)
+assert bob.text == "saved pin 4455." and engine.audit.violations == 0
 
 # %% [markdown]
 # ## Watching the pool
@@ -332,15 +331,16 @@ arrivals = {
     4: [("carol", Note("key", "sk-7Hq2Zp9Xw4"))],
     20: [("dave", Note("name", "Ada Lovelace")), ("alice", Note("todo", "water the plants"))],
 }
+answers = []
 for step in itertools.count():
     for tenant, note in arrivals.get(step, []):
         engine.submit(Request(note_prompt(tenant, note), tenant, max_tokens=48))
     if step > max(arrivals) and not engine.has_work():
         break
-    engine.step()
-for r in engine.responses.values():
+    answers += engine.step()
+for r in answers:
     print(f"{r.tenant}/{r.request_id}: {r.text!r}")
-assert all(r.status == 200 for r in engine.responses.values()) and engine.audit.violations == 0
+assert all(r.status == 200 for r in answers) and engine.audit.violations == 0
 
 # %% [markdown]
 # Step through it: **Play**, drag the slider, or use previous/next. Each frame is one event that

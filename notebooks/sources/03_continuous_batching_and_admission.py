@@ -60,13 +60,15 @@ def ran_in(engine, step):
     return (writes[0].detail.split(":")[0] if writes else "idle"), [e.request_id for e in writes]
 
 print("step  phase    batch                        waiting          finished")
-quiet = 0
+quiet, answers = 0, {}  # each response is handed over once, by the step that finished it
 for step in itertools.count():
     for request in arrivals.get(step, []):
         engine.submit(request)
     if step > max(arrivals) and not engine.has_work():
         break
-    finished = [r.request_id for r in engine.step()]
+    done = engine.step()
+    answers.update((r.request_id, r) for r in done)
+    finished = [r.request_id for r in done]
     phase, batch = ran_in(engine, step)
     if phase == "decode" and not finished:
         quiet += 1
@@ -76,7 +78,7 @@ for step in itertools.count():
         quiet = 0
     waiting = [s.request_id for s in engine.scheduler.waiting]
     print(f"{step:4d}  {phase:8s} {', '.join(batch):28s} {', '.join(waiting) or '-':16s} {', '.join(finished) or '-'}")
-assert all(r.status == 200 for r in engine.responses.values()) and len(engine.responses) == 5
+assert all(r.status == 200 for r in answers.values()) and len(answers) == 5
 
 # %% [markdown]
 # Three things to notice. The batch never holds more than three requests (`max_batch_size`): dave
@@ -85,9 +87,9 @@ assert all(r.status == 200 for r in engine.responses.values()) and len(engine.re
 # what the request asked for:
 
 # %%
-for r in engine.responses.values():
+for r in answers.values():
     print(f"{r.request_id:8s} {r.status} {r.text!r}")
-assert engine.responses["alice-1"].text == "saved pin 0912."
+assert answers["alice-1"].text == "saved pin 0912."
 assert engine.audit.violations == 0 and engine.pool.num_free_pages == 32
 
 # %% [markdown]
@@ -112,12 +114,12 @@ picture
 small = Engine(model, tok, EngineConfig(num_pages=16), node="small")  # 16 x 16 = 256 tokens
 too_long = small.submit(Request(long_document_prompt("carol", 1100, random.Random(1)), "carol", request_id="carol-1"))
 too_big = small.submit(Request(long_document_prompt("carol", 300, random.Random(1)), "carol", 48, request_id="carol-2"))
-small.run()
+refused = {r.request_id: r for r in small.run()}
 for rid in (too_long, too_big):
-    print(rid, small.responses[rid].status, small.responses[rid].error)
-assert small.responses[too_long].status == small.responses[too_big].status == 400
-assert "1100 tokens" in small.responses[too_long].error and "1024 tokens" in small.responses[too_long].error
-assert "352 tokens" in small.responses[too_big].error and "256 tokens" in small.responses[too_big].error
+    print(rid, refused[rid].status, refused[rid].error)
+assert refused[too_long].status == refused[too_big].status == 400
+assert "1100 tokens" in refused[too_long].error and "1024 tokens" in refused[too_long].error
+assert "352 tokens" in refused[too_big].error and "256 tokens" in refused[too_big].error
 
 # %% [markdown]
 # The second one: 300 prompt tokens plus `max_tokens=48` is 348 tokens, which takes 22 whole pages,
@@ -143,7 +145,7 @@ trio = [ask("alice", "pin", "0912"), ask("bob", "card", "4929 1234 5678 9012"), 
 tight = Engine(model, tok, EngineConfig(num_pages=6))
 for request in trio:
     tight.submit(request)
-tight.run()
+tight_answers = {r.request_id: r for r in tight.run()}
 for e in tight.log.of_kind("preempt"):
     print(e)
 assert tight.log.of_kind("preempt") and tight.pool.num_free_pages == 6
@@ -167,9 +169,9 @@ assert [e.kind for e in tight.log.for_request(victim)].count("preempt") >= 1
 roomy = Engine(model, tok, EngineConfig(num_pages=64))
 for request in trio:
     roomy.submit(request)
-roomy.run()
+roomy_answers = {r.request_id: r for r in roomy.run()}
 for r in trio:
-    got, want = tight.responses[r.request_id], roomy.responses[r.request_id]
+    got, want = tight_answers[r.request_id], roomy_answers[r.request_id]
     print(f"{r.request_id:8s} {got.status} {got.text!r}")
     assert got.status == want.status == 200 and got.text == want.text
 assert not roomy.log.of_kind("preempt") and tight.audit.violations == 0
@@ -196,9 +198,9 @@ assert incident.pool.capacity_tokens == 42 * 16 == 672 < incident.config.context
 
 # %%
 incident.submit(Request(note_prompt("alice", Note("card", "4929 1234 5678 9012")), "alice", 48, request_id="alice-1"))
-incident.run()
-print(incident.responses["alice-1"].status, repr(incident.responses["alice-1"].text))
-assert incident.responses["alice-1"].text == "saved card 4929 1234 5678 9012."
+[alice] = incident.run()
+print(alice.status, repr(alice.text))
+assert alice.text == "saved card 4929 1234 5678 9012."
 
 # %% [markdown]
 # Then Bob sends an 800-token document (819,200 tokens at full scale): inside the advertised window,
@@ -207,8 +209,7 @@ assert incident.responses["alice-1"].text == "saved card 4929 1234 5678 9012."
 # %%
 bob_prompt = long_document_prompt("bob", 800, random.Random(0))
 incident.submit(Request(bob_prompt, "bob", max_tokens=48, request_id="bob-1"))
-incident.run()
-bob = incident.responses["bob-1"]
+[bob] = incident.run()
 print(json.dumps(bob.to_json(), indent=1))
 assert bob.status == 400 and bob.usage.prompt_tokens == 800 and bob.text == ""
 assert bob.error == "request needs 848 tokens of KV cache; the single node's pool holds at most 672 tokens"

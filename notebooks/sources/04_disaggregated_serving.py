@@ -49,10 +49,10 @@ for line in pair.startup_log():
 prompts = {"alice": "alice: save pin 0912.\n", "bob": "bob: read the weekly report. save memo lunch at noon.\n",
            "carol": "carol: save card 5412 7534 9821 0064.\n"}
 ids = {t: pair.submit(Request(p, t, max_tokens=40, request_id=f"{t}-1")) for t, p in prompts.items()}
-stages_by_tick = []
+stages_by_tick, answers = [], {}
 while pair.has_work():
     tick = pair.tick
-    pair.step()
+    answers.update((r.request_id, r) for r in pair.step())
     moved = [f"{e.tenant}->{e.detail}" for e in pair.log.events if e.kind == "stage" and e.step == tick]
     if moved:
         stages_by_tick.append((tick, moved))
@@ -64,14 +64,14 @@ for tenant, rid in ids.items():
     stages = [e.detail for e in pair.log.for_request(rid) if e.kind == "stage"]
     assert [s for s in stages if s.startswith("prefill")] == ["prefill.bootstrap", "prefill.waiting", "prefill.inflight"]
     assert [s for s in stages if s.startswith("decode")] == ["decode.prealloc", "decode.transfer", "decode.running"]
-    print(f"{tenant:6s} {pair.responses[rid].status} {pair.responses[rid].text!r}")
+    print(f"{tenant:6s} {answers[rid].status} {answers[rid].text!r}")
 
 # %% [markdown]
 # Splitting changes where the work runs, not the answer: a single node gives the same words.
 
 # %%
 single = Engine(model, tok, EngineConfig(num_pages=64)).generate(list(prompts.values()), max_tokens=40)
-assert [r.text for r in single] == [pair.responses[ids[t]].text for t in prompts]
+assert [r.text for r in single] == [answers[ids[t]].text for t in prompts]
 print("same words on one node and on the pair")
 
 # %% [markdown]
@@ -86,9 +86,9 @@ print("same words on one node and on the pair")
 fresh = Cluster(model, tok, config, SafetySwitches.preset("safe"))
 rid = fresh.submit(Request(prompts["carol"], "carol", 8))
 receiver = next(iter(fresh.decode.receivers.values()))
-seen = [(fresh.tick, receiver.poll())]
-while rid not in fresh.responses:
-    fresh.step()
+seen, done = [(fresh.tick, receiver.poll())], []
+while not done:
+    done = fresh.step()
     if receiver.poll() != seen[-1][1]:
         seen.append((fresh.tick, receiver.poll()))
 for tick, state in seen:
@@ -114,7 +114,7 @@ timeline(pair.log, title="Three requests through the prefill and decode queues")
 # NBVAL_IGNORE_OUTPUT
 # (measured times)
 for tenant, rid in ids.items():
-    r = pair.responses[rid]
+    r = answers[rid]
     gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
     tpot = sum(gaps) / len(gaps)
     print(f"{tenant:6s} prompt {r.usage.prompt_tokens:3d} tokens: TTFT {r.ttft_s * 1e3:6.1f} ms, "

@@ -24,6 +24,7 @@ from minikv.config import EngineConfig
 from minikv.events import Event, EventLog
 from minikv.model import Llama
 from minikv.page_pool import PagePool
+from minikv.prefix_cache import cache_salt, page_keys
 from minikv.model_runner import ModelRunner
 from minikv.request import Request, Sequence, SeqStatus
 from minikv.response import Response, Usage, bad_request
@@ -45,7 +46,8 @@ class Engine:
                 f"{mc.max_position_embeddings}; lower context_len"
             )
         self.model, self.tokenizer, self.config, self.node = model, tokenizer, config, node
-        self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free)
+        self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free,
+                             prefix_caching=config.prefix_caching)
         self.audit = OwnershipAudit(self.pool.num_pages * self.pool.page_size, self.pool.page_size, node, model.device) if config.audit else None
         self.log = EventLog(enabled=config.event_log)
         self.scheduler = Scheduler(self.pool, config, self.log, node)
@@ -87,11 +89,14 @@ class Engine:
             self._finish_response(bad_request(request_id, tenant, e.reason, e.prompt_tokens))
             return request_id
         seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now)
+        if self.config.prefix_caching:
+            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.config.cache_salt)
+            seq.cache_keys = page_keys(ids, self.pool.page_size, salt)
         if not request.sampling.greedy:
             seq.generator = torch.Generator().manual_seed(request.sampling.seed if request.sampling.seed is not None else 0)
         self.seqs[request_id] = seq
         if self.audit is not None:
-            self.audit.register(seq.uid, request_id, tenant)
+            self.audit.register(seq.uid, request_id, tenant, ids)
         self.scheduler.add(seq)
         self.log.add(Event(self.scheduler.step_no, self.node, "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         return request_id
@@ -123,6 +128,8 @@ class Engine:
 
     def _run(self, batch: ScheduledBatch) -> None:
         chosen = self.runner.run(self.scheduler.step_no, batch.phase, batch.seqs, batch.new_tokens)
+        if batch.phase == "prefill":
+            self.scheduler.cache_prompt_pages(batch.seqs)
         for seq, nxt in zip(batch.seqs, chosen):
             if nxt == self.tokenizer.eos_token_id:
                 self._complete(seq, "stop")
@@ -140,7 +147,7 @@ class Engine:
         out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id]
         return Response(
             seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-            Usage(len(seq.prompt_ids), len(seq.output_ids)), seq.first_token_s,
+            Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens), seq.first_token_s,
             list(seq.token_times_s), error, seq.finish_reason,
         )
 
@@ -166,8 +173,8 @@ class Engine:
         return [self.responses[i] for i in ids]
 
     def check_integrity(self) -> None:
-        """Pool bookkeeping is consistent and every page owner is a live request."""
+        """Pool bookkeeping is consistent and every page holder is a live request."""
         self.pool.check_integrity()
         live = {s.request_id for s in self.scheduler.running}
-        for p, owner in enumerate(self.pool.owner):
-            assert owner is None or owner in live, f"page {p} owned by {owner}, which is not running"
+        for p, holders in enumerate(self.pool.holders):
+            assert set(holders) <= live, f"page {p} held by {holders}, not all of them running"

@@ -28,6 +28,7 @@ from minikv.disagg.transfer import KVManager
 from minikv.events import Event, EventLog
 from minikv.model import Llama
 from minikv.page_pool import PagePool
+from minikv.prefix_cache import cache_salt, page_keys
 from minikv.request import Request, Sequence
 from minikv.response import Response, Usage, bad_request
 from minikv.tokenizer import decode
@@ -52,6 +53,7 @@ class ClusterConfig:
     transfer_batch_cap_pages: int = 8  # pages per batch when transfer_batch_cap is on
     audit: bool = True
     event_log: bool = True
+    prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -107,7 +109,8 @@ class Cluster:
         model_p = model if model.device == dev_p else copy.deepcopy(model).to(dev_p)
         model_d = model if model.device == dev_d else copy.deepcopy(model).to(dev_d)
         mc, ps = model.config, config.page_size
-        self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free)
+        self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free,
+                                     prefix_caching=config.prefix_caching)
         self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
         audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
@@ -152,9 +155,12 @@ class Cluster:
             seq = Sequence(request_id, tenant, list(ids), request.max_tokens, request.sampling, now, room=room)
             halves.append(seq)
         halves[1].uid = halves[0].uid  # one identity for the audit on both pools
+        if self.config.prefix_caching:
+            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.switches.cache_salt)
+            halves[0].cache_keys = page_keys(ids, self.config.page_size, salt)
         for audit in (self.prefill_audit, self.decode_audit):
             if audit is not None:
-                audit.register(halves[0].uid, request_id, tenant)
+                audit.register(halves[0].uid, request_id, tenant, ids)
         self.log.add(Event(self.tick, "door", "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         self.prefill.add(halves[0], self.tick)
         self.decode.add(halves[1], self.tick)
@@ -213,7 +219,8 @@ class Cluster:
     def _response(self, seq: Sequence, status: int, error: str | None) -> Response:
         out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id] if status == 200 else []
         return Response(seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-                        Usage(len(seq.prompt_ids), len(seq.output_ids) if status == 200 else 0),
+                        Usage(len(seq.prompt_ids), len(seq.output_ids) if status == 200 else 0,
+                              seq.cached_tokens if status == 200 else 0),
                         seq.first_token_s if status == 200 else None, list(seq.token_times_s), error,
                         seq.finish_reason)
 
@@ -226,7 +233,15 @@ class Cluster:
     def cross_tenant_reads(self) -> int:
         return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)
 
+    @property
+    def cross_tenant_cache_hits(self) -> int:
+        """Cached prefixes one tenant read that another tenant's request wrote (same tokens sent).
+
+        One request identity spans both nodes, so a hit on prefill and the transferred copy read
+        on decode are the same (reader, writer) pair and count once."""
+        audits = [a for a in (self.prefill_audit, self.decode_audit) if a is not None]
+        return len({pair for a in audits for pair in a.cross_tenant_cache_hit_pairs()})
+
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        owned = [p for pool in (self.prefill_pool, self.decode_pool) for p in pool.owner if p is not None]
-        return len(owned)
+        return sum(1 for pool in (self.prefill_pool, self.decode_pool) for h in pool.holders if h)

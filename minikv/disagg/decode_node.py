@@ -139,6 +139,7 @@ class DecodeNode:
                     continue
                 seq.num_cached = len(seq.prompt_ids)  # the node now believes the whole prompt is cached
                 seq.output_ids = [receiver.transfer.first_token]
+                seq.cached_tokens = receiver.transfer.cached_tokens
                 seq.first_token_s = time.perf_counter() - seq.arrival_s  # the first token reaches the client
                 seq.token_times_s = [seq.first_token_s]
                 seq.status = SeqStatus.RUNNING

@@ -49,6 +49,7 @@ class PostedBatch:
     kv: Tensor  # (L, 2, n, page, KVH, D) read from the prefill pool when posted
     writers: Tensor  # (n * page,) writer uid of every source slot
     due_tick: int
+    positions: Tensor | None = None  # (n * page,) the token position each source slot was written at
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Transfer:
     first_token: int | None = None
     sent_tokens: int | None = None
     checksum: int | None = None
+    cached_tokens: int = 0  # prompt tokens prefill took from its prefix cache (reported in usage)
     failure: str | None = None
     failure_status: int = 500
 
@@ -95,14 +97,15 @@ class KVManager:
         return self.base_latency + -(-num_pages // self.pages_per_tick)
 
     # -- the sender's side (prefill) ------------------------------------------------------
-    def send(self, room: int, src_pages: list[int], num_tokens: int, first_token: int, checksum: int | None) -> None:
+    def send(self, room: int, src_pages: list[int], num_tokens: int, first_token: int, checksum: int | None,
+             cached_tokens: int = 0) -> None:
         t = self.rooms[room]
         assert t.dst_pages is not None and t.num_pages is not None, "send() before the receiver's metadata"
         n = min(len(src_pages), t.num_pages)
         pairs = list(zip(src_pages[:n], t.dst_pages[:n]))
         cap = self.batch_cap_pages or max(1, n)
         t.unposted = [([s for s, _ in pairs[i : i + cap]], [d for _, d in pairs[i : i + cap]]) for i in range(0, n, cap)]
-        t.sent_tokens, t.first_token, t.checksum = num_tokens, first_token, checksum
+        t.sent_tokens, t.first_token, t.checksum, t.cached_tokens = num_tokens, first_token, checksum, cached_tokens
         t.status, t.last_progress_tick = KVPoll.Transferring, self.tick_no
         self._post_next(t)
 
@@ -114,8 +117,9 @@ class KVManager:
         ps = self.src.page_size
         src_slots = torch.tensor([p * ps + o for p in src_pages for o in range(ps)], device=self.src.kv.device)
         writers = self.src_audit.writers[src_slots].clone() if self.src_audit is not None else torch.zeros(0)
+        positions = self.src_audit.positions[src_slots].clone() if self.src_audit is not None else None
         batch = PostedBatch(t.room, dst_pages, self.src.kv[:, :, src_pages].clone(), writers,
-                            self.tick_no + self.latency(len(src_pages)))
+                            self.tick_no + self.latency(len(src_pages)), positions)
         self.posted.append(batch)
         t.in_flight += 1
         self.log.add(Event(self.tick_no, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
@@ -148,9 +152,10 @@ class KVManager:
         if self.dst_audit is not None:
             ps = self.dst.page_size
             slots = (dst[:, None] * ps + torch.arange(ps, device=dst.device)).flatten()
-            self.dst_audit.record_writes(slots, b.writers.to(dst.device))
+            self.dst_audit.record_writes(slots, b.writers.to(dst.device),
+                                         b.positions.to(dst.device) if b.positions is not None else None)
         t.in_flight -= 1
-        owners = {self.dst.owner[p] for p in b.dst_pages}
+        owners = {self.dst.owner_of(p) for p in b.dst_pages}
         late = t.status is KVPoll.Failed
         self.log.add(Event(self.tick_no, "decode", "write", t.request_id, t.tenant, tuple(b.dst_pages),
                            "KV transfer landed" + (f" LATE, in pages now owned by {sorted(o or 'nobody' for o in owners)}" if late else "")))
@@ -177,8 +182,9 @@ class KVSender:
     def init(self, num_pages: int) -> None:
         self.manager.rooms[self.room].num_pages = num_pages
 
-    def send(self, kv_pages: list[int], num_tokens: int, first_token: int, checksum: int | None) -> None:
-        self.manager.send(self.room, kv_pages, num_tokens, first_token, checksum)
+    def send(self, kv_pages: list[int], num_tokens: int, first_token: int, checksum: int | None,
+             cached_tokens: int = 0) -> None:
+        self.manager.send(self.room, kv_pages, num_tokens, first_token, checksum, cached_tokens)
 
     def poll(self) -> KVPoll:
         t = self.manager.rooms[self.room]

@@ -94,9 +94,7 @@ class Scheduler:
     def cache_prompt_pages(self, seqs: list[Sequence]) -> None:
         """After a prefill: name each sequence's newly written full prompt pages in the cache."""
         for seq in seqs:
-            named = self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
-            if named:
-                self._event("cache", seq, named, f"{len(named)} full prompt page(s) now matchable")
+            self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         scheduled: list[Sequence] = []

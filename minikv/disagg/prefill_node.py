@@ -134,9 +134,7 @@ class PrefillNode:
             return
         firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids[s.num_cached :] for s in batch])
         for seq, first in zip(batch, firsts):
-            named = self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
-            if named:
-                self._event(step, "cache", seq, named, f"{len(named)} full prompt page(s) now matchable")
+            self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
             checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
             self.senders[seq.room].send(seq.block_table, len(seq.prompt_ids), first, checksum, seq.cached_tokens)
             self.inflight_queue.append(seq)

@@ -2,9 +2,11 @@
 
     python scripts/fuzz.py --examples 2000            # safe preset: must find nothing
     python scripts/fuzz.py --preset vulnerable        # must find a cross-tenant read
+    python scripts/fuzz.py --preset safe --disable cache_salt   # must find a cross-tenant cache hit
 
-Exit status 0 when the preset behaved as it should (safe: no violation in any example;
-vulnerable: a violation found), 1 otherwise.
+Prefix caching is on (the prefill node's default). Exit status 0 when the switches behaved as
+they should (safe: no violation and no cross-tenant cache hit in any example; vulnerable, or
+cache_salt off: one found), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=2000)
     parser.add_argument("--preset", choices=["safe", "vulnerable"], default="safe")
+    parser.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a switch off")
     args = parser.parse_args()
     model, tok = tiny_random_model()
     switches = safe_for_fuzzing() if args.preset == "safe" else SafetySwitches.preset("vulnerable")
-    stats = {"examples": 0, "requests": 0, "violations": 0, "first": None}
+    switches = switches.with_switches(disable=args.disable)
+    expect_clean = args.preset == "safe" and not args.disable
+    stats = {"examples": 0, "requests": 0, "violations": 0, "cache_hits": 0, "first": None}
 
     @settings(max_examples=args.examples, deadline=None, database=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
@@ -35,12 +40,13 @@ def main() -> int:
         out = run_workload(model, tok, workload, switches)
         stats["examples"] += 1
         stats["requests"] += out.submitted
+        stats["cache_hits"] += out.cross_tenant_cache_hits
         bad = out.violations > 0 or out.leaked_pages > 0 or set(out.answers.values()) != {1} \
-            or len(out.answers) != out.submitted
+            or len(out.answers) != out.submitted or out.cross_tenant_cache_hits > 0
         if bad:
             stats["violations"] += 1
             stats["first"] = stats["first"] or workload
-            if args.preset == "vulnerable":
+            if not expect_clean:
                 raise AssertionError("found")  # stop at the first one
 
     started = time.perf_counter()
@@ -49,9 +55,11 @@ def main() -> int:
     except AssertionError:
         pass
     elapsed = time.perf_counter() - started
-    print(f"{args.preset}: {stats['examples']} examples, {stats['requests']} requests, "
-          f"{stats['violations']} with a violation, in {elapsed:.0f} s")
-    if args.preset == "safe":
+    off = f" without {', '.join(args.disable)}" if args.disable else ""
+    print(f"{args.preset}{off}: {stats['examples']} examples, {stats['requests']} requests, "
+          f"{stats['violations']} with a violation or a cross-tenant cache hit "
+          f"({stats['cache_hits']} cross-tenant cache hits), in {elapsed:.0f} s")
+    if expect_clean:
         if stats["first"]:
             print("first failing workload:", stats["first"])
         return 0 if stats["violations"] == 0 else 1

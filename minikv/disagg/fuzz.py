@@ -3,7 +3,9 @@
 A workload is a cluster shape (pool sizes, transfer latency, timeout, batch cap) and a list of
 requests with arrival ticks, prompt lengths (some past the prefill pool, some past the window),
 output lengths and optional cancel ticks. `run_workload` plays it and reports what the checks
-need: cross-tenant reads, pages still owned once idle, and how often each request was answered.
+need: cross-tenant reads, cross-tenant prefix-cache hits, pages still held once idle, and how
+often each request was answered. Every prompt is made of the same character, so prompts share
+prefixes across tenants all the time and the prefill node's prefix cache is busy.
 The model is a tiny random Llama: the invariants are about bookkeeping, not about words.
 """
 
@@ -40,6 +42,7 @@ class FuzzWorkload:
 @dataclass
 class FuzzOutcome:
     cross_tenant_reads: int
+    cross_tenant_cache_hits: int  # a tenant reused cached pages another tenant's request wrote
     violations: int  # any read of a slot the reader did not write, never-written ones included
     leaked_pages: int
     answers: Counter  # request id -> how many responses it got
@@ -97,8 +100,10 @@ def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwit
     else:
         raise AssertionError(f"cluster still busy after {max_ticks} ticks")
     audits = [a for a in (cluster.prefill_audit, cluster.decode_audit) if a is not None]
-    return FuzzOutcome(cluster.cross_tenant_reads, sum(a.violations for a in audits), cluster.leaked_pages(),
-                       answers, len(workload.requests))
+    for pool in (cluster.prefill_pool, cluster.decode_pool):
+        pool.check_integrity()  # no page both free and held, none lost, the cache index consistent
+    return FuzzOutcome(cluster.cross_tenant_reads, cluster.cross_tenant_cache_hits, sum(a.violations for a in audits),
+                       cluster.leaked_pages(), answers, len(workload.requests))
 
 
 def safe_for_fuzzing() -> SafetySwitches:

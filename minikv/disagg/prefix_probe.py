@@ -126,3 +126,36 @@ def probe_attack(server: Server, secret: str, page_size: int) -> ProbeOutcome:
     recovered, probes = recover_secret(cached_tokens_oracle(server), page_size)
     last = [r for r in server.responses.values() if r.tenant == ATTACKER]
     return ProbeOutcome(server.responses[alice], last[-1] if last else None, recovered, probes)
+
+
+# -- timing: the audit of Gu et al. -------------------------------------------------------------
+def random_letters_prompt(rng, num_chars: int) -> str:
+    """Random letters separated by spaces, as Gu et al.'s audit prompts are: never seen before."""
+    words = []
+    while sum(len(w) + 1 for w in words) < num_chars:
+        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8))))
+    return " ".join(words)[: num_chars - 1] + "\n"
+
+
+def time_to_first_token(server: Server, prompt: str, tenant: str) -> float:
+    """Send `prompt` alone and return its time to first token, as a client measures it."""
+    rid = server.submit(Request(prompt, tenant, max_tokens=1))
+    server.run()
+    return server.responses[rid].ttft_s
+
+
+def timing_audit(server: Server, rng, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
+    """Gu et al.'s two procedures, interleaved so that a busy machine slows both alike.
+
+    hit:  the victim sends a fresh random prompt, then the attacker sends the same one;
+    miss: the attacker sends a fresh random prompt nobody has sent.
+    Returns the attacker's times to first token (hit, miss). If the cache is shared across
+    tenants, hits are faster and a two-sample test (Kolmogorov-Smirnov) tells the two apart.
+    """
+    hit, miss = [], []
+    for _ in range(samples):
+        shared = random_letters_prompt(rng, prompt_chars)
+        time_to_first_token(server, shared, VICTIM)
+        hit.append(time_to_first_token(server, shared, ATTACKER))
+        miss.append(time_to_first_token(server, random_letters_prompt(rng, prompt_chars), ATTACKER))
+    return hit, miss

@@ -115,3 +115,15 @@ def test_shipped_model_is_small_and_loads_offline():
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     assert model.num_parameters() > 1_000_000 and tok.encode("\n") == [0]
+
+
+def test_demo_prefix_probe_json_recovers_the_secret_and_safe_recovers_nothing():
+    """prefix-probe: vulnerable recovers --secret exactly from cached_tokens; safe recovers nothing."""
+    out = cli("demo", "--scenario", "prefix-probe", "--preset", "vulnerable", "--secret", "k9Q", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["recovered"] == "k9Q" and isinstance(data["probes"], int) and data["probes"] >= 4 * 66
+    assert data["audit"]["cross_tenant_reads"] == 0 and data["audit"]["cross_tenant_cache_hits"] > 0
+    assert data["attacker"]["usage"]["cached_tokens"] > 0
+    safe = json.loads(cli("demo", "--scenario", "prefix-probe", "--preset", "safe", "--secret", "k9Q", "--json").stdout)
+    assert safe["recovered"] == "" and safe["audit"]["cross_tenant_cache_hits"] == 0

@@ -41,11 +41,11 @@ model, tok = load_model()
 #
 # Many requests start the same way: an application's system prompt, a few-shot template, a long document
 # several questions are asked about. Computing that start again for every request is pure waste. The
-# workload below is 12 requests from 4 tenants behind 2 system prompts of about 700 characters; the
+# workload below is 8 requests from 4 tenants behind 2 system prompts of about 700 characters; the
 # paged engine serves it with prefix caching off, then on (the engine's default).
 
 # %%
-workload = shared_prefix_workload(12)
+workload = shared_prefix_workload(8)
 print(f"{len(workload)} requests, {len({r.tenant for r in workload})} tenants; first prompt starts "
       f"{workload[0].prompt[:60]!r}...")
 off = serve(model, tok, workload, "off")
@@ -206,10 +206,10 @@ print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses
 # hits both procedures alike.
 
 # %%
-def audit_p_value(cache_salt_on, samples=25):
+def audit_p_value(cache_salt_on, samples=20):
     server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=16, cache_salt=cache_salt_on,
                                              audit=False, event_log=False))
-    hit, miss = timing_audit(server, random.Random(0), samples)
+    hit, miss = timing_audit(server, random.Random(0), samples, prompt_chars=300)
     return hit, miss, ks_2samp(hit, miss).pvalue
 
 hit, miss, p_shared = audit_p_value(False)

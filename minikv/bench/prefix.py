@@ -84,16 +84,18 @@ def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int 
             seed: int = 0) -> tuple[dict, bool]:
     """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {...}}, outputs_equal).
 
-    Every mode runs once untimed (its completions are compared), then `repeats` timed runs,
-    interleaved; a speedup is the median of the per-repeat ratios of tokens/s.
+    Every mode runs once (its completions are compared), then `repeats` timed runs, interleaved;
+    a speedup is the median of the per-repeat ratios of tokens/s. With `repeats=0` (--quick) the
+    checked runs are the timed ones.
     """
     system_chars = min(SYSTEM_PROMPT_CHARS, model.config.max_position_embeddings // 2)  # a tiny test model's window
     workload = shared_prefix_workload(num_requests, seed=seed, system_chars=system_chars)
     checked = {mode: serve(model, tokenizer, workload, mode) for mode in MODES}
     equal = all(run.texts == checked["off"].texts for run in checked.values())
     ratios: dict[str, list[float]] = {"shared": [], "cache_salt": []}
-    for repeat in range(max(1, repeats)):
-        runs = {m: serve(model, tokenizer, workload, m) for m in (MODES if repeat % 2 == 0 else reversed(MODES))}
+    rounds = [checked] if repeats == 0 else (
+        {m: serve(model, tokenizer, workload, m) for m in (MODES if r % 2 == 0 else reversed(MODES))} for r in range(repeats))
+    for runs in rounds:
         for mode in ratios:
             ratios[mode].append((runs[mode].tokens / runs[mode].wall_s) / (runs["off"].tokens / runs["off"].wall_s))
 

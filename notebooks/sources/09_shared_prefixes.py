@@ -41,11 +41,11 @@ model, tok = load_model()
 #
 # Many requests start the same way: an application's system prompt, a few-shot template, a long document
 # several questions are asked about. Computing that start again for every request is pure waste. The
-# workload below is 8 requests from 4 tenants behind 2 system prompts of about 700 characters; the
+# workload below is 12 requests from 4 tenants behind 2 system prompts of about 700 characters; the
 # paged engine serves it with prefix caching off, then on (the engine's default).
 
 # %%
-workload = shared_prefix_workload(8)
+workload = shared_prefix_workload(12)
 print(f"{len(workload)} requests, {len({r.tenant for r in workload})} tenants; first prompt starts "
       f"{workload[0].prompt[:60]!r}...")
 off = serve(model, tok, workload, "off")

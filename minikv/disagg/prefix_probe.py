@@ -23,6 +23,7 @@ characters: the shipped tokenizer has one token per character.
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -129,7 +130,7 @@ def probe_attack(server: Server, secret: str, page_size: int) -> ProbeOutcome:
 
 
 # -- timing: the audit of Gu et al. -------------------------------------------------------------
-def random_letters_prompt(rng, num_chars: int) -> str:
+def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
     """Random letters separated by spaces, as Gu et al.'s audit prompts are: never seen before."""
     words = []
     while sum(len(w) + 1 for w in words) < num_chars:
@@ -144,7 +145,7 @@ def time_to_first_token(server: Server, prompt: str, tenant: str) -> float:
     return server.responses[rid].ttft_s
 
 
-def timing_audit(server: Server, rng, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
+def timing_audit(server: Server, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
     """Gu et al.'s two procedures, interleaved so that a busy machine slows both alike.
 
     hit:  the victim sends a fresh random prompt, then the attacker sends the same one;

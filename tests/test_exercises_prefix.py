@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from minikv.disagg.prefix_probe import recover_secret
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
 
 
@@ -36,17 +37,9 @@ def test_cached_tokens_checker_rejects_wrong_answers(wrong):
 
 
 def recover(cached_tokens_of, known, alphabet):
-    found = ""
-    while True:
-        for c in alphabet + ".":
-            probe = known + found + c
-            if cached_tokens_of(probe + "\n") >= len(probe):
-                break
-        else:
-            return found
-        if c == ".":
-            return found
-        found += c
+    """The project's own attack (prefix_probe.recover_secret) at 1-token pages, as a learner's answer."""
+    oracle = lambda prompts, hit_at: [cached_tokens_of(p) >= hit_at for p in prompts]  # noqa: E731
+    return recover_secret(oracle, page_size=1, known=known, alphabet=alphabet)[0]
 
 
 def test_recover_checker_accepts_the_attack(capsys):

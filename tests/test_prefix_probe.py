@@ -49,3 +49,13 @@ def test_larger_pages_cost_whole_page_guesses():
         return [p[:hit_at] == victim[:hit_at] and len(p) > hit_at for p in prompts]
 
     assert recover_secret(oracle, page_size=2, alphabet="01") == ("0110", 3 * 7)
+
+
+def test_shipped_model_answers_the_same_with_and_without_prefix_caching():
+    """Shared system prompts, the shipped model: caching off, shared, and salted give the same replies."""
+    from minikv.bench.prefix import MODES, serve, shared_prefix_workload
+
+    workload = shared_prefix_workload(6, seed=1, system_chars=300)
+    runs = {mode: serve(MODEL, TOK, workload, mode) for mode in MODES}
+    assert runs["shared"].texts == runs["cache_salt"].texts == runs["off"].texts
+    assert runs["shared"].cached_tokens >= runs["cache_salt"].cached_tokens > 0 == runs["off"].cached_tokens

@@ -80,8 +80,9 @@ assert ka[:4] == kb[:4] and ka[4] != kb[4] and len(ka) == 5  # 22 characters: 5 
 # %% [markdown]
 # The pool keeps a **ref count** per page: how many live requests hold it. A request that hits takes one
 # more reference on each matching page and prefills only the rest; its own pages start after them. Three
-# requests share a 4-page stem while they run; the page map numbers the outlined request's block table and
-# writes the ref count in the corner of every shared page:
+# requests share a 7-page stem while they run. The page map below is the moment bob-1's own pages are
+# handed out (hatched: not yet written): his block table, numbered, starts with the 7 pages alice-1
+# computed, drawn in her colour with their ref count, 3, in the corner.
 
 # %%
 engine = Engine(model, tok, EngineConfig(num_pages=24, page_size=4, cache_salt=False))
@@ -96,7 +97,7 @@ for e in engine.log.of_kind("cache_hit"):
 shared_pages = engine.seqs["bob-1"].block_table[:7]
 print("ref counts of bob-1's first pages:", [engine.pool.ref_count(p) for p in shared_pages])
 assert [engine.pool.ref_count(p) for p in shared_pages] == [3] * 7
-page_map(engine.log, engine.pool.num_pages, at=find_event(engine.log, "cache_hit", request_id="bob-1"),
+page_map(engine.log, engine.pool.num_pages, at=find_event(engine.log, "allocate", request_id="bob-1"),
          request="bob-1", page_size=4)
 
 # %% [markdown]

@@ -34,10 +34,24 @@ def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[
     problem = request.sampling.problem()
     if problem:
         raise Rejected(problem)
+    check_cache_salt(request.cache_salt)
     try:
         return encode_prompt(tokenizer, request.prompt)
     except PromptError as e:
         raise Rejected(str(e)) from None
+
+
+MAX_CACHE_SALT_CHARS = 256
+
+
+def check_cache_salt(salt: object) -> None:
+    """A cache_salt is client input like any other: a bad one is a 400, never a crash (vLLM's
+    CVE-2026-105756 ended the engine core for every user on an over-long salt)."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS or not salt.isprintable():
+        shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
+        raise Rejected(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} printable characters, got {shown}")
 
 
 def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:

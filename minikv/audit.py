@@ -4,6 +4,16 @@ Freed pages keep their data, so the only thing standing between tenants is wheth
 request reads only the slots it wrote itself. The audit makes that visible: every write
 records the writer, every read compares the slot's writer with the reader, and a mismatch
 becomes an event naming reader, victim and pages. In a correct engine it stays at zero.
+
+Prefix caching makes one kind of "someone else's slot" legitimate: a page the reader took from
+the cache, holding K/V another request computed *for the same tokens at the same positions*.
+The ledger keeps each slot's writer position and each request's prompt, so the check can tell
+the two apart: a read is a **shared read** when the writer wrote that slot at the position the
+reader reads it at, and both prompts agree on every token up to there (so the reader's own
+prefill would have written the very same values). Everything else is a cross read, as before.
+Shared reads between different tenants are counted on their own (`cross_tenant_cache_hits`):
+no data the reader never sent, but the fact that another tenant sent it is what the
+`cached_tokens` and timing side channel reveals.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import torch
 from torch import Tensor
 
 NEVER_WRITTEN = 0  # writer id of a slot nobody has written since boot; request uids start at 1
+UNKNOWN_POSITION = -1  # writer position of a slot written without one (never a shared read)
 
 
 @dataclass(frozen=True)
@@ -34,16 +45,22 @@ class OwnershipAudit:
 
     def __init__(self, num_slots: int, page_size: int, node: str, device: torch.device | str = "cpu") -> None:
         self.writers = torch.full((num_slots,), NEVER_WRITTEN, dtype=torch.long, device=device)
+        self.positions = torch.full((num_slots,), UNKNOWN_POSITION, dtype=torch.long, device=device)
         self.page_size = page_size
         self.node = node
         self.names: dict[int, tuple[str, str]] = {}  # uid -> (request id, tenant), while it may be needed
+        self.prompts: dict[int, list[int]] = {}  # uid -> the prompt token ids it sent, kept as long as its name
         self.live: set[int] = set()  # registered and not yet retired
         self.events: list[CrossReadEvent] = []  # every finding since boot (zero in a correct engine)
+        self.shared: dict[int, set[int]] = {}  # live reader uid -> writers whose cached prefix it read
+        self.cache_hits = 0  # (reader, writer) pairs since boot in which a reader used a cached prefix
+        self.cross_tenant_cache_hits = 0  # those pairs in which reader and writer are different tenants
         self._prune_at = 64
 
-    def register(self, uid: int, request_id: str, tenant: str) -> None:
+    def register(self, uid: int, request_id: str, tenant: str, prompt_ids: list[int] = ()) -> None:
         assert uid != NEVER_WRITTEN
         self.names[uid] = (request_id, tenant)
+        self.prompts[uid] = list(prompt_ids)
         self.live.add(uid)
 
     def retire(self, uid: int) -> None:
@@ -54,14 +71,22 @@ class OwnershipAudit:
         the number of requests ever served.
         """
         self.live.discard(uid)
+        self.shared.pop(uid, None)
         if len(self.names) - len(self.live) >= self._prune_at:  # retired names kept: prune when they double
             keep = set(self.writers.unique().tolist()) | self.live
             self.names = {u: name for u, name in self.names.items() if u in keep}
+            self.prompts = {u: ids for u, ids in self.prompts.items() if u in keep}
             self._prune_at = max(64, 2 * (len(self.names) - len(self.live)))
 
-    def record_writes(self, slots: Tensor, writer_uids: Tensor) -> None:
-        """slots (N,) were just written by writer_uids (N,)."""
+    def record_writes(self, slots: Tensor, writer_uids: Tensor, positions: Tensor | None = None) -> None:
+        """slots (N,) were just written by writer_uids (N,), at token positions (N,) when known."""
         self.writers[slots] = writer_uids
+        self.positions[slots] = UNKNOWN_POSITION if positions is None else positions
+
+    def _same_prefix(self, reader: int, writer: int, upto: int) -> bool:
+        """Both requests sent the same tokens at positions 0..upto."""
+        a, b = self.prompts.get(reader, []), self.prompts.get(writer, [])
+        return upto < len(a) and upto < len(b) and a[: upto + 1] == b[: upto + 1]
 
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
         """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S)."""
@@ -69,11 +94,18 @@ class OwnershipAudit:
         bad = valid & (writers != reader_uids[:, None])
         if not bool(bad.any()):
             return []
+        at_own_position = self.positions[gather] == torch.arange(gather.shape[1], device=gather.device)[None, :]  # (B, S)
         found = []
         for b in bad.any(dim=1).nonzero().flatten().tolist():
-            reader_id, reader_tenant = self.names[int(reader_uids[b])]
+            reader_uid = int(reader_uids[b])
+            reader_id, reader_tenant = self.names[reader_uid]
             for victim_uid in sorted(set(writers[b][bad[b]].tolist()), key=lambda u: (u == NEVER_WRITTEN, u)):
                 sel = bad[b] & (writers[b] == victim_uid)
+                last = int(sel.nonzero().max())
+                if victim_uid != NEVER_WRITTEN and bool(at_own_position[b][sel].all()) \
+                        and self._same_prefix(reader_uid, victim_uid, last):
+                    self._count_cache_hit(reader_uid, victim_uid)
+                    continue  # a legitimate read of a cached prefix: the reader sent these tokens too
                 slots = gather[b][sel]
                 victim = self.names.get(victim_uid)
                 found.append(CrossReadEvent(
@@ -89,6 +121,16 @@ class OwnershipAudit:
     def cross_tenant_reads(self) -> int:
         """Reads of slots written by another tenant's request."""
         return sum(1 for e in self.events if e.victim_tenant is not None and e.victim_tenant != e.reader_tenant)
+
+    def _count_cache_hit(self, reader: int, writer: int) -> None:
+        """Count each (reader, writer) pair once, however many steps the reader attends over it."""
+        seen = self.shared.setdefault(reader, set())
+        if writer in seen:
+            return
+        seen.add(writer)
+        self.cache_hits += 1
+        if self.names[reader][1] != self.names[writer][1]:
+            self.cross_tenant_cache_hits += 1  # no salt kept the two tenants apart
 
     @property
     def violations(self) -> int:

@@ -2,7 +2,8 @@
 
     info        what a serving engineer reads in a startup log
     generate    run prompts through the paged engine (greedy by default)
-    demo        replay the over-length or late-write incident under chosen safety switches
+    demo        replay the over-length or late-write incident, or the prefix-cache probe,
+                under chosen safety switches
     train       train the tiny model into --out DIR (the shipped one only with --overwrite-shipped)
     bench       minikv against transformers on the same workload
     scan-logs   the customer checklist over a gateway log
@@ -101,7 +102,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         for prompt, r in zip(prompts, responses):
             head = f"[{r.status}] {prompt.rstrip()!r}"
-            print(f"{head} -> {r.text!r}" if r.status == 200 else f"{head}: {r.error}")
+            usage = (f"  (prompt_tokens={r.usage.prompt_tokens}, cached_tokens={r.usage.cached_tokens}, "
+                     f"completion_tokens={r.usage.completion_tokens})")
+            print(f"{head} -> {r.text!r}{usage}" if r.status == 200 else f"{head}: {r.error}")
     return 0 if all(r.status == 200 for r in responses) else 1
 
 
@@ -129,8 +132,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for role, r in (("victim", result.victim), ("attacker", result.attacker)):
         ttft = f"{r.ttft_s * 1e3:.1f} ms" if r.ttft_s is not None else "-"
         body = repr(r.text) if r.status == 200 else r.error
-        print(f"{role:8s} {r.tenant:6s} HTTP {r.status}  prompt_tokens={r.usage.prompt_tokens:<4d} ttft={ttft:>9s}  {body}")
-    print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}")
+        print(f"{role:8s} {r.tenant:6s} HTTP {r.status}  prompt_tokens={r.usage.prompt_tokens:<4d} "
+              f"cached_tokens={r.usage.cached_tokens:<4d} ttft={ttft:>9s}  {body}")
+    if result.recovered is not None:
+        print(f"the attacker sent {result.probes} probes and recovered {result.recovered!r}")
+    print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}, "
+          f"{result.cross_tenant_cache_hits} cross-tenant cache hit(s)")
     return 0
 
 
@@ -182,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine_args(p)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("demo", help="replay an incident on a disaggregated prefill/decode pair")
-    p.add_argument("--scenario", required=True, choices=["over-length", "late-write"])
+    p = sub.add_parser("demo", help="replay an incident, or the prefix-cache probe, on a disaggregated pair")
+    p.add_argument("--scenario", required=True, choices=["over-length", "late-write", "prefix-probe"])
     p.add_argument("--preset", default="safe", choices=["vulnerable", "safe"])
     p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")

@@ -20,6 +20,8 @@ class EngineConfig:
     audit: bool = True  # check every read against the ownership ledger
     event_log: bool = True  # record every allocation, write, read, free and state change
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    prefix_caching: bool = True  # reuse cached full prompt pages across requests (prefix_cache.py)
+    cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

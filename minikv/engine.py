@@ -25,6 +25,7 @@ from minikv.config import EngineConfig
 from minikv.events import Clock, Event, EventLog
 from minikv.front_door import FrontDoor
 from minikv.model import Llama
+from minikv.prefix_cache import cache_salt, page_keys
 from minikv.model_runner import ModelRunner
 from minikv.page_pool import PagePool
 from minikv.postprocess import postprocess
@@ -48,7 +49,8 @@ class Engine(FrontDoor):
                 f"{mc.max_position_embeddings}; lower context_len"
             )
         self.model, self.tokenizer, self.config, self.node = model, tokenizer, config, node
-        self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free)
+        self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free,
+                             prefix_caching=config.prefix_caching)
         self.audit = OwnershipAudit(self.pool.num_pages * self.pool.page_size, self.pool.page_size, node, model.device) if config.audit else None
         self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
         self.clock = Clock()  # the engine's step number; only step() advances it
@@ -82,9 +84,12 @@ class Engine(FrontDoor):
             return request_id
         seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now,
                        generator=request.sampling.new_generator(), client_request_id=name)
+        if self.config.prefix_caching:
+            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.config.cache_salt)
+            seq.cache_keys = page_keys(ids, self.pool.page_size, salt)
         self.seqs[request_id] = seq
         if self.audit is not None:
-            self.audit.register(seq.uid, request_id, tenant)
+            self.audit.register(seq.uid, request_id, tenant, ids)
         self.scheduler.add(seq)
         self.log.add(Event(self.clock.now, self.node, "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         return request_id
@@ -117,6 +122,9 @@ class Engine(FrontDoor):
 
     def _run(self, batch: ScheduledBatch) -> None:
         sampled = self.runner.run(self.clock.now, batch.phase, batch.seqs, batch.new_tokens)
+        if batch.phase == "prefill":  # name the prompt pages this forward wrote, before a finished request frees them
+            done = [(s, s.num_cached + len(toks)) for s, toks, c in zip(batch.seqs, batch.new_tokens, sampled) if c.error is None]
+            self.scheduler.cache_prompt_pages([s for s, _ in done], [n for _, n in done])
         postprocess(batch.seqs, sampled, [len(t) for t in batch.new_tokens], self.tokenizer.eos_token_id,
                     finish=self._complete, fail=self._fail)
 
@@ -145,13 +153,13 @@ class Engine(FrontDoor):
         out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id]
         return Response(
             seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-            Usage(len(seq.prompt_ids), len(seq.output_ids)), seq.first_token_s,
+            Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens), seq.first_token_s,
             list(seq.token_times_s), error, seq.finish_reason, seq.client_request_id,
         )
 
     def check_integrity(self) -> None:
-        """Pool bookkeeping is consistent and every page owner is a live request."""
+        """Pool bookkeeping is consistent and every page holder is a live request."""
         self.pool.check_integrity()
         live = {s.request_id for s in self.scheduler.running}
-        for p, owner in enumerate(self.pool.owner):
-            assert owner is None or owner in live, f"page {p} owned by {owner}, which is not running"
+        for p, holders in enumerate(self.pool.holders):
+            assert set(holders) <= live, f"page {p} held by {holders}, not all of them running"

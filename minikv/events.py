@@ -5,6 +5,8 @@ Notebooks and widgets replay it to show what the engine did step by step; tests 
 Event kinds and what their fields mean:
 - submit / reject: a request arrived / was answered 400 at the door (detail: the reason);
 - allocate: `pages` were taken off the free list for the request (it now owns them);
+- cache_hit: the request took `pages` from the prefix cache (one more reference each) for the
+  start of its prompt, instead of computing them; detail: how many prompt tokens that is;
 - write: the request's K/V were written into `pages` (by a forward, or by a KV transfer);
 - read: the request attended over `pages` (its block table, in order);
 - cross_read: the audit saw the request read slots written by someone else; detail names the

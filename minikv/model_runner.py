@@ -46,6 +46,7 @@ class ModelRunner:
         for seq, toks in zip(seqs, new_tokens):
             start, end = seq.num_cached, seq.num_cached + len(toks)
             assert len(seq.block_table) * ps >= end, f"{seq.request_id} has pages for {len(seq.block_table) * ps} tokens, needs {end}"
+            assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} would write into a shared page"
             slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
             positions += range(start, end)
             ids += toks

@@ -8,6 +8,23 @@ next owner overwrites them. Isolation between tenants rests entirely on this boo
 The free list is a stack: the most recently freed page is handed out first, and a request's
 pages are pushed back in reverse so that the next request receives them in the same order.
 That is why, in a leak, the stale data a new request sees is the *most recent* tenant's.
+
+**With prefix caching** (`prefix_caching=True`: on by default in the single-node engine and on
+the prefill node, off on the decode node, as in SGLang) a page can be held by several requests
+at once: `holders` lists them and the ref count is their number. A full prompt page gets a key
+in the `PrefixCache` (prefix_cache.py) once it is written; another request whose prompt starts
+the same way takes the page too (`acquire`) instead of computing it. What changes on free:
+
+- a freed page **without** a key goes back on the stack, exactly as above;
+- a freed page **with** a key is *parked*: nobody holds it, it still holds its data and its key,
+  and a later request can hit it. It is not on the stack.
+- `allocate` takes from the stack first and only when the stack is empty evicts parked pages,
+  least recently used first (SGLang does the same: free slots first, then evict unreferenced
+  radix-tree nodes by LRU). An evicted page loses its key before it is handed out.
+
+So the order the leak notebooks describe still holds for every page without a key (and on the
+decode node, which has no cache, for every page); only cached pages wait longer to be reused,
+because reusing them soon would throw away the cache. A page is never handed out while held.
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ from torch import Tensor
 
 from minikv.devices import available_memory_bytes
 from minikv.model import ModelConfig
+from minikv.prefix_cache import PageKey, PrefixCache
 
 
 class PoolExhausted(RuntimeError):
@@ -49,7 +67,7 @@ class PagePool:
 
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 scrub_on_free: bool = False) -> None:
+                 scrub_on_free: bool = False, prefix_caching: bool = False) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1 token, got {page_size}")
         if num_pages < 1:
@@ -62,7 +80,8 @@ class PagePool:
         self.kv.zero_()
         self.scrub_on_free = scrub_on_free
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
-        self.owner: list[str | None] = [None] * num_pages  # request id holding each page
+        self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
+        self.prefix_cache = PrefixCache() if prefix_caching else None
 
     # -- capacity -----------------------------------------------------------------------
     @property
@@ -71,7 +90,19 @@ class PagePool:
 
     @property
     def num_free_pages(self) -> int:
-        return len(self.free_pages)
+        """Pages allocate() can hand out: the stack, and cached pages nobody holds (evictable)."""
+        return len(self.free_pages) + (self.prefix_cache.num_parked if self.prefix_cache else 0)
+
+    @property
+    def owner(self) -> list[str | None]:
+        """The first request holding each page (the one that allocated it, unless it left), or None."""
+        return [self.owner_of(p) for p in range(self.num_pages)]
+
+    def owner_of(self, page: int) -> str | None:
+        return self.holders[page][0] if self.holders[page] else None
+
+    def ref_count(self, page: int) -> int:
+        return len(self.holders[page])
 
     @property
     def bytes(self) -> int:
@@ -83,26 +114,67 @@ class PagePool:
 
     # -- allocation (check, then act) ---------------------------------------------------
     def can_allocate(self, num_pages: int) -> bool:
-        return num_pages <= len(self.free_pages)
+        return num_pages <= self.num_free_pages
 
     def allocate(self, num_pages: int, owner: str) -> list[int]:
-        """Take `num_pages` pages off the free list for `owner`. O(1) per page."""
+        """Take `num_pages` pages for `owner`: off the stack, then evicting parked cached pages (LRU)."""
         if not self.can_allocate(num_pages):
-            raise PoolExhausted(f"{owner} asked for {num_pages} pages, {len(self.free_pages)} free")
-        pages = [self.free_pages.pop() for _ in range(num_pages)]
+            raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
+        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict() for _ in range(num_pages)]
         for p in pages:
-            assert self.owner[p] is None, f"page {p} handed out while owned by {self.owner[p]}"
-            self.owner[p] = owner
+            assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
+            self.holders[p].append(owner)
         return pages
 
     def free(self, pages: list[int], owner: str) -> None:
-        """Give `owner`'s pages back. The data stays, unless the pool scrubs on free."""
+        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked if it has a
+        cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
+        emptied = []
         for p in reversed(pages):
-            assert self.owner[p] == owner, f"{owner} freed page {p} owned by {self.owner[p]}"
-            self.owner[p] = None
-            self.free_pages.append(p)
-        if self.scrub_on_free and pages:
-            self.kv[:, :, pages] = 0  # the costly option: one write per freed page
+            assert owner in self.holders[p], f"{owner} freed page {p} held by {self.holders[p]}"
+            self.holders[p].remove(owner)
+            if self.holders[p]:
+                continue  # still shared: the others keep reading it
+            emptied.append(p)
+            if self.prefix_cache is not None and self.scrub_on_free:
+                self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
+            if self.prefix_cache is not None and self.prefix_cache.is_cached(p):
+                self.prefix_cache.park(p)
+            else:
+                self.free_pages.append(p)
+        if self.scrub_on_free and emptied:
+            self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
+
+    # -- prefix caching (prefix_cache.py holds the index) -----------------------------------
+    def cached_prefix(self, keys: list[PageKey], num_tokens: int) -> list[int]:
+        """Cached pages holding the start of a `num_tokens`-token request whose full pages have `keys`.
+
+        At most (num_tokens - 1) // page_size pages: the last token is always computed, since its
+        logits choose the next token (and it must not be written into a shared page)."""
+        if self.prefix_cache is None:
+            return []
+        return self.prefix_cache.match(keys[: (num_tokens - 1) // self.page_size])
+
+    def pages_to_take(self, hits: list[int], num_new: int) -> int:
+        """Free pages a request uses up: `num_new` new ones, plus the hits nobody held (parked)."""
+        return num_new + sum(1 for p in hits if not self.holders[p])
+
+    def acquire(self, pages: list[int], holder: str) -> None:
+        """`holder` reuses cached `pages`: one more reference each; parked ones are held again."""
+        for p in pages:
+            assert self.prefix_cache is not None and self.prefix_cache.is_cached(p), f"page {p} is not cached"
+            if not self.holders[p]:
+                self.prefix_cache.unpark(p)
+            self.holders[p].append(holder)
+        if self.prefix_cache is not None:
+            self.prefix_cache.hits += len(pages)
+
+    def cache_pages(self, keys: list[PageKey], block_table: list[int], num_computed: int) -> list[int]:
+        """Name the full pages among the first `num_computed` tokens by their keys; the pages newly named."""
+        if self.prefix_cache is None:
+            return []
+        full = min(len(keys), num_computed // self.page_size)
+        return [p for key, p in zip(keys[:full], block_table[:full]) if self.prefix_cache.insert(key, p)]
 
     # -- slots --------------------------------------------------------------------------
     def slots(self, block_table: list[int], start: int, end: int) -> list[int]:
@@ -121,7 +193,16 @@ class PagePool:
         return k.view(k.shape[0], -1, *k.shape[-2:]), v.view(v.shape[0], -1, *v.shape[-2:])
 
     def check_integrity(self) -> None:
-        """Every page is either free (no owner) or owned, never both, never twice free."""
+        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice."""
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
+        parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
+        on_stack = set(self.free_pages)
         for p in range(self.num_pages):
-            assert (p in self.free_pages) == (self.owner[p] is None), f"page {p}: free list and owner disagree"
+            held = bool(self.holders[p])
+            assert len(set(self.holders[p])) == len(self.holders[p]), f"page {p} held twice by one request"
+            assert [p in on_stack, p in parked, held].count(True) == 1, \
+                f"page {p}: on stack {p in on_stack}, parked {p in parked}, holders {self.holders[p]}"
+            if p in on_stack and self.prefix_cache:
+                assert not self.prefix_cache.is_cached(p), f"page {p} is on the stack with a cache key"
+        if self.prefix_cache:
+            self.prefix_cache.check()

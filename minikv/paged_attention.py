@@ -64,13 +64,14 @@ class PagedStep:
             self.key_valid = torch.arange(S, device=device)[None, :] < ctx_len[:, None]  # (B, S)
             self.uids = torch.tensor([s.uid for s in seqs], device=device)
             self.writer_uids = torch.tensor([s.uid for s in seqs for _ in range(s.num_new)], device=device)
+            self.writer_positions = torch.tensor([i for s in seqs for i in range(s.start, s.end)], device=device)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.pool.flat(layer)  # (num_slots, KVH, D) views of the pool
         k_cache[self.slot_mapping] = k  # k: (N, KVH, D)
         v_cache[self.slot_mapping] = v
         if layer == 0 and self.audit is not None:  # one ledger entry per slot, not per layer
-            self.audit.record_writes(self.slot_mapping, self.writer_uids)
+            self.audit.record_writes(self.slot_mapping, self.writer_uids, self.writer_positions)
             self.findings += self.audit.check_reads(self.uids, self.gather, self.key_valid)
         outs, offset = [], 0
         for s, slots, mask in zip(self.seqs, self.context_slots, self.masks):

@@ -20,6 +20,7 @@ class Request:
     max_tokens: int = 64
     sampling: SamplingParams = SamplingParams()
     request_id: str | None = None  # the client's own id: echoed back in the response, never used to route
+    cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share pages
 
 
 class SeqStatus(Enum):
@@ -62,6 +63,10 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None  # per-request sampler state; None when greedy
     client_request_id: str | None = None  # echoed back in the response
+    # Prefix caching (prefix_cache.py): the key of each full prompt page (empty when the node has
+    # no cache), and how many prompt tokens came from the cache when the request was first admitted.
+    cache_keys: list[bytes] = field(default_factory=list)
+    cached_tokens: int = 0
     # Disaggregated serving only (see disagg/): an abort decided at intake but not yet applied
     # (SGLang's `to_finish`), and the transfer room that pairs prefill with decode.
     to_finish: str | None = None

@@ -5,6 +5,10 @@ up to a token budget) or a *decode* (one token for every running request). A wai
 is admitted only when the pool has pages for its whole current length; a decoding request
 that needs one more page and finds none preempts the most recently admitted request, which
 gives its pages back and is recomputed later. Nothing is over-committed and nothing dropped.
+
+With prefix caching, a waiting request first looks up the leading full pages of its prompt in
+the cache: it takes those pages (one more reference each) and prefills only the rest. The pool
+check counts what the request really uses up: its new pages, plus any hit that nobody held.
 """
 
 from __future__ import annotations
@@ -55,13 +59,16 @@ class Scheduler:
         seqs, budget = [], self.config.max_prefill_tokens
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            todo = seq.seq_len - seq.num_cached
+            hits = self.pool.cached_prefix(seq.cache_keys, seq.seq_len) if not seq.block_table else []
+            todo = seq.seq_len - max(seq.num_cached, len(hits) * self.pool.page_size)
             if seqs and todo > budget:
                 break  # the budget is spent; it goes first next step
-            need = self.pool.pages_for(seq.seq_len) - len(seq.block_table)
-            if not self.pool.can_allocate(need):
+            need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
+            if not self.pool.can_allocate(self.pool.pages_to_take(hits, need)):
                 break  # temporarily full: wait for pages to come back
             self.waiting.popleft()
+            if hits:
+                self._take_cached(seq, hits)
             pages = self.pool.allocate(need, seq.request_id)
             seq.block_table += pages
             seq.status = SeqStatus.RUNNING
@@ -72,6 +79,22 @@ class Scheduler:
         if not seqs:
             return None
         return ScheduledBatch("prefill", seqs, [s.tokens[s.num_cached :] for s in seqs])
+
+    # -- prefix caching ----------------------------------------------------------------------
+    def _take_cached(self, seq: Sequence, hits: list[int]) -> None:
+        """`seq` reuses the cached pages `hits` for the start of its prompt instead of prefilling it."""
+        self.pool.acquire(hits, seq.request_id)
+        seq.block_table = list(hits)
+        seq.num_cached = len(hits) * self.pool.page_size
+        if not seq.output_ids:  # usage reports the first admission's hits, as vLLM does
+            seq.cached_tokens = seq.num_cached
+        self._event("cache_hit", seq, hits, f"{seq.num_cached} prompt tokens from the prefix cache")
+
+    def cache_prompt_pages(self, seqs: list[Sequence], num_computed: list[int]) -> None:
+        """After a prefill forward: name each sequence's full prompt pages among its first
+        `num_computed` tokens (their K/V are now in the pool) in the prefix cache."""
+        for seq, n in zip(seqs, num_computed, strict=True):
+            self.pool.cache_pages(seq.cache_keys, seq.block_table, n)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         scheduled: list[Sequence] = []

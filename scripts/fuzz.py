@@ -5,7 +5,8 @@
 
 A hunt draws seeded workloads in a plain loop and counts how many it takes until the first one
 is served wrongly (nothing else is counted: no shrinking, no replays). The broken engines are
-the vulnerable preset, the safe preset minus deferred_release, and the safe preset with
+the vulnerable preset, the safe preset minus deferred_release or minus cache_salt (a
+cross-tenant prefix-cache hit), and the safe preset with
 `KVManager.settled` mutated to always answer True. The safe run then plays `--safe` workloads
 and totals every invariant. Exit status 0 when every hunt found its engine within `--limit`
 workloads and the safe preset broke nothing, 1 otherwise, 2 on bad arguments.
@@ -55,7 +56,7 @@ def safe_run(model, tok, workloads: int, seed: int) -> bool:
     """Play `workloads` seeded workloads on the safe preset and print the totals; True when clean."""
     rng, switches = random.Random(seed), safe_for_fuzzing()
     totals = dict.fromkeys(("requests", "cancels", "mid_transfer", "cross", "foreign", "leaked", "misdelivered",
-                            "not_once", "failing"), 0)
+                            "not_once", "cache_hits", "failing"), 0)
     started = time.perf_counter()
     for n in range(1, workloads + 1):
         workload = random_workload(rng)
@@ -64,6 +65,7 @@ def safe_run(model, tok, workloads: int, seed: int) -> bool:
         totals["cancels"] += out.cancels
         totals["mid_transfer"] += out.cancels_mid_transfer
         totals["cross"] += out.cross_tenant_reads
+        totals["cache_hits"] += out.cross_tenant_cache_hits
         totals["foreign"] += out.violations - out.cross_tenant_reads
         totals["leaked"] += out.leaked_pages
         totals["misdelivered"] += out.misdelivered
@@ -74,7 +76,8 @@ def safe_run(model, tok, workloads: int, seed: int) -> bool:
                 print(f"first failing safe workload (number {n}): {out.problems()}\n  {workload}")
     t = totals
     print(f"safe preset: {workloads:,} workloads (seed {seed}), {t['requests']:,} requests, {t['cancels']:,} cancels "
-          f"({t['mid_transfer']:,} with KV on the wire): {t['cross']} cross-tenant reads, {t['foreign']} other "
+          f"({t['mid_transfer']:,} with KV on the wire): {t['cross']} cross-tenant reads, {t['cache_hits']} cross-tenant cache hits, "
+          f"{t['foreign']} other "
           f"foreign reads, {t['leaked']} leaked pages, {t['misdelivered']} misdelivered, {t['not_once']} requests "
           f"not answered exactly once; {time.perf_counter() - started:.0f} s")
     return t["failing"] == 0

@@ -27,7 +27,7 @@ def test_generate_json_contract():
     for r in responses:
         assert set(r) == {"status", "text", "usage", "ttft_s", "error"}
         assert r["status"] == 200 and r["error"] is None and isinstance(r["ttft_s"], float)
-        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens"}
+        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "cached_tokens"}
     assert responses[0]["text"] == "saved pin 0912."
 
 
@@ -257,3 +257,15 @@ def test_mismatched_checkpoint_is_one_line(capsys, altered_checkpoint):
     path = altered_checkpoint(num_hidden_layers=2)
     code, _, err = run_main(capsys, "info", "--model", str(path))
     assert code == 2 and "num_hidden_layers=2 but the weights hold 4 layers" in one_error_line(err)
+
+
+def test_demo_prefix_probe_json_recovers_the_secret_and_safe_recovers_nothing():
+    """prefix-probe: vulnerable recovers --secret exactly from cached_tokens; safe recovers nothing."""
+    out = cli("demo", "--scenario", "prefix-probe", "--preset", "vulnerable", "--secret", "k9Q", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["recovered"] == "k9Q" and isinstance(data["probes"], int) and data["probes"] >= 4 * 66
+    assert data["audit"]["cross_tenant_reads"] == 0 and data["audit"]["cross_tenant_cache_hits"] > 0
+    assert data["attacker"]["usage"]["cached_tokens"] > 0
+    safe = json.loads(cli("demo", "--scenario", "prefix-probe", "--preset", "safe", "--secret", "k9Q", "--json").stdout)
+    assert safe["recovered"] == "" and safe["audit"]["cross_tenant_cache_hits"] == 0

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import tracemalloc
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, timedelta
 from pathlib import Path
 
 import pytest

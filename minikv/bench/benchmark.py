@@ -8,7 +8,8 @@ What it does, in order:
 3. times each system several more times, interleaved (every other repeat in reverse order), and
    keeps the median; each ratio is the median of the ratios within one repeat;
 4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
-   counts (kv_accounting.py) the KV memory each layout reserves against what the requests filled.
+   counts (kv_accounting.py) the KV memory each layout reserves against what the requests filled;
+5. serves a shared-prefix workload with prefix caching off, on, and on with cache_salt (prefix.py).
 
 The runners live in systems.py, the report (table, JSON, targets) in report.py, the figure
 in plot.py; this file owns the workload, the checks and the measurements.
@@ -27,7 +28,7 @@ from typing import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.bench import systems
+from minikv.bench import prefix, systems
 from minikv.bench.report import BenchReport, describe_machine, summarize
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.contiguous_cache import ContiguousCache
@@ -211,7 +212,7 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     if problem:
         report.unavailable["hf_generate_batch"] = problem
         del runners["hf_generate_batch"]
-    with tqdm(total=len(runners) * (2 + settings.repeats) + 1, desc="bench", unit="run", file=sys.stderr,
+    with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
         checked: dict[str, Run] = {}
         for name, run in runners.items():  # 1. warm-up, then the run whose outputs are checked
@@ -242,6 +243,10 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         report.kv = kv_memory(tokenizer, workload, reference)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
+        bar.update()
+        bar.set_postfix_str("shared prefixes")  # 4. prefix caching off / on / on with cache_salt
+        report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,
+                                                                          settings.repeats, settings.seed)
         bar.update()
     return report
 

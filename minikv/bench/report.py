@@ -16,7 +16,7 @@ import torch
 from minikv.bench.systems import Run
 from minikv.kv_accounting import KVMemoryUse
 
-JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
+JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "prefix_cache")
 RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
               "safe_over_vulnerable")
 
@@ -64,10 +64,12 @@ class BenchReport:
     step_s: dict[str, float] = field(default_factory=dict)  # "paged", "contiguous"
     kv: dict[str, KVMemoryUse] = field(default_factory=dict)  # "paged", "contiguous", "contiguous_window"
     runs: dict[str, list[Run]] = field(default_factory=dict)  # system -> its timed runs, i-th from repeat i
+    prefix_cache: dict | None = None  # bench/prefix.py: speedup, prefill_tokens_saved, hit_rate, cache_salt
+    prefix_outputs_equal: bool = True  # the shared-prefix workload gave the same completions in every mode
 
     @property
     def outputs_equal(self) -> bool:
-        return not any(self.mismatched.values())
+        return not any(self.mismatched.values()) and self.prefix_outputs_equal
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
         """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat.
@@ -98,6 +100,7 @@ class BenchReport:
             "ratios": self.ratios(),
             "kv_waste": {name: self.kv[name].waste for name in ("paged", "contiguous")},
             "outputs_equal": self.outputs_equal,
+            "prefix_cache": self.prefix_cache,
         }
 
     def targets(self) -> list[tuple[str, str, bool | None]]:
@@ -113,7 +116,9 @@ class BenchReport:
                 ("paged decode step <= 1.2x contiguous", f"{r['paged_over_contiguous_step']:.2f}x",
                  r["paged_over_contiguous_step"] <= 1.2),
                 ("paged KV waste <= 4%", f"{self.kv['paged'].waste:.1%}", self.kv["paged"].waste <= 0.04),
-                ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9))]
+                ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9)),
+                ("prefix cache >= 2x on shared system prompts",
+                 *at_least(self.prefix_cache["speedup"] if self.prefix_cache else None, 2))]
 
     def table(self) -> str:
         """The results as markdown, ready for the README."""
@@ -138,10 +143,22 @@ class BenchReport:
             lines.append(f"| {labels.get(name, name)} | {use.reserved_tokens:,} | {use.used_tokens:,} | {use.waste:.1%} |")
         lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
                       f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", "",
-                  "| target | measured | met |", "| --- | ---: | :---: |"]
+                  *self.prefix_table(), "| target | measured | met |", "| --- | ---: | :---: |"]
         for target, measured, met in self.targets():
             lines.append(f"| {target} | {measured} | {'-' if met is None else 'yes' if met else 'no'} |")
         return "\n".join(lines)
+
+
+    def prefix_table(self) -> list[str]:
+        """The shared-prefix workload's lines: prefix caching on, with and without cache_salt."""
+        if not self.prefix_cache:
+            return []
+        lines = ["| shared-prefix workload (bench/prefix.py) | speedup over caching off | prompt tokens from the cache "
+                 "| prefill tokens saved |", "| --- | ---: | ---: | ---: |"]
+        for label, f in (("prefix caching, tenants share (cache_salt off)", self.prefix_cache),
+                         ("prefix caching, cache_salt on", self.prefix_cache["cache_salt"])):
+            lines.append(f"| {label} | {f['speedup']:.2f}x | {f['hit_rate']:.1%} | {f['prefill_tokens_saved']:,.0f} |")
+        return lines + [""]
 
 
 def describe_machine(device: torch.device) -> tuple[str, str]:

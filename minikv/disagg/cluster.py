@@ -31,6 +31,7 @@ from minikv.events import Clock, Event, EventLog
 from minikv.front_door import FrontDoor
 from minikv.model import Llama
 from minikv.page_pool import PagePool
+from minikv.prefix_cache import cache_salt, page_keys
 from minikv.request import Request, Sequence
 from minikv.response import Response, Usage
 from minikv.tokenizer import decode
@@ -56,6 +57,7 @@ class ClusterConfig:
     audit: bool = True
     event_log: bool = True
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -115,7 +117,8 @@ class Cluster(FrontDoor):
         model_p = model if model.device == dev_p else copy.deepcopy(model).to(dev_p)
         model_d = model if model.device == dev_d else copy.deepcopy(model).to(dev_d)
         mc, ps = model.config, config.page_size
-        self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free)
+        self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free,
+                                     prefix_caching=config.prefix_caching)
         self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
         audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
@@ -154,9 +157,12 @@ class Cluster(FrontDoor):
                                    generator=request.sampling.new_generator(), client_request_id=name, room=room))
         halves[1].uid = halves[0].uid  # one identity for the audit on both pools
         self.manager.open_room(room, request_id, tenant, halves[0].uid)
+        if self.config.prefix_caching:
+            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.switches.cache_salt)
+            halves[0].cache_keys = page_keys(ids, self.config.page_size, salt)
         for audit in (self.prefill_audit, self.decode_audit):
             if audit is not None:
-                audit.register(halves[0].uid, request_id, tenant)
+                audit.register(halves[0].uid, request_id, tenant, ids)
         self.log.add(Event(self.tick, "door", "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
         self.prefill.add(halves[0], self.tick)
         self.decode.add(halves[1], self.tick)
@@ -196,7 +202,7 @@ class Cluster(FrontDoor):
         ok = status == HTTPStatus.OK
         out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id] if ok else []
         return Response(seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-                        Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0),
+                        Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0, seq.cached_tokens if ok else 0),
                         seq.first_token_s if ok else None, list(seq.token_times_s), error,
                         seq.finish_reason, seq.client_request_id)
 
@@ -210,10 +216,17 @@ class Cluster(FrontDoor):
     def cross_tenant_reads(self) -> int:
         return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)
 
+    @property
+    def cross_tenant_cache_hits(self) -> int:
+        """Cached prefixes one tenant read that another tenant's request wrote (same tokens sent).
+
+        Every hit happens on prefill, the only node with a prefix cache; decode's reads of the
+        transferred copy are the same (reader, writer) pairs, so prefill's ledger holds the count."""
+        return self.prefill_audit.cross_tenant_cache_hits if self.prefill_audit is not None else 0
+
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        owned = [p for pool in (self.prefill_pool, self.decode_pool) for p in pool.owner if p is not None]
-        return len(owned)
+        return sum(1 for pool in (self.prefill_pool, self.decode_pool) for h in pool.holders if h)
 
     def kv_in_flight(self, request_id: str) -> bool:
         """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""

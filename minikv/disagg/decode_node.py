@@ -155,6 +155,7 @@ class DecodeNode(Node):
                 shipment = receiver.transfer.shipment
                 if shipment.sampler_state is not None:  # go on with the random stream prefill drew from
                     seq.generator.set_state(shipment.sampler_state)
+                seq.cached_tokens = shipment.cached_tokens
                 seq.status = SeqStatus.RUNNING
                 self.running.append(seq)
                 self._stage(step, seq, "running")

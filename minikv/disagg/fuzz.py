@@ -11,7 +11,9 @@ window), an output length and an optional cancel tick. Two kinds of traffic make
 The second kind is the late-write race the safe preset must survive: on a slow fabric a posted
 batch still lands after the cancel, and the most recently freed pages are the next ones handed
 out. `run_workload` plays a workload through the cluster's front door only (submit, cancel, step)
-and `FuzzOutcome.problems` names every broken invariant.
+and `FuzzOutcome.problems` names every broken invariant. Every prompt is made of the same
+character, so prompts share prefixes across tenants all the time and the prefill node's prefix
+cache is busy: a cross-tenant cache hit is what `cache_salt` must prevent.
 
 Workloads are drawn from a seeded `random.Random` (`random_workload`) in a plain loop, so a hunt
 counts exactly how many workloads it took to find a defect (`workloads_until_problem`); a failing
@@ -59,6 +61,7 @@ class FuzzOutcome:
     """What one workload did, as the checks need it."""
 
     cross_tenant_reads: int
+    cross_tenant_cache_hits: int  # a tenant reused cached pages another tenant's request wrote
     violations: int  # any read of a slot the reader did not write, never-written ones included
     leaked_pages: int  # pages still owned once the cluster is idle
     answers: Counter  # request id -> how many responses it got
@@ -75,6 +78,8 @@ class FuzzOutcome:
             found.append(f"{self.cross_tenant_reads} cross-tenant read(s)")
         if self.violations > self.cross_tenant_reads:
             found.append(f"{self.violations - self.cross_tenant_reads} read(s) of slots the reader did not write")
+        if self.cross_tenant_cache_hits:
+            found.append(f"{self.cross_tenant_cache_hits} cross-tenant prefix-cache hit(s)")
         if self.leaked_pages:
             found.append(f"{self.leaked_pages} page(s) still owned once idle")
         if self.misdelivered:
@@ -173,9 +178,11 @@ def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwit
     else:
         raise AssertionError(f"cluster still busy after {max_ticks} ticks")
     audits = [a for a in (cluster.prefill_audit, cluster.decode_audit) if a is not None]
+    for pool in (cluster.prefill_pool, cluster.decode_pool):
+        pool.check_integrity()  # no page both free and held, none lost, the cache index consistent
     return FuzzOutcome(
-        cluster.cross_tenant_reads, sum(a.violations for a in audits), cluster.leaked_pages(), answers,
-        len(workload.requests), misdelivered, cancels, mid_transfer,
+        cluster.cross_tenant_reads, cluster.cross_tenant_cache_hits, sum(a.violations for a in audits),
+        cluster.leaked_pages(), answers, len(workload.requests), misdelivered, cancels, mid_transfer,
         unanswered=sorted(rid for rid in tenant_of if rid not in answers),
     )
 
@@ -207,11 +214,12 @@ class Target:
 
 
 def targets() -> tuple[Target, ...]:
-    """The vulnerable preset, safe minus deferred release, and safe with `settled()` mutated."""
+    """The vulnerable preset, safe minus deferred release or cache_salt, and safe with `settled()` mutated."""
     return (
         Target("vulnerable preset", SafetySwitches.preset("vulnerable")),
         Target("safe minus deferred_release", safe_for_fuzzing().with_switches(disable=["deferred_release"])),
         Target("safe with settled() always true", safe_for_fuzzing(), settled_always_true),
+        Target("safe minus cache_salt", safe_for_fuzzing().with_switches(disable=["cache_salt"])),
     )
 
 

@@ -13,6 +13,10 @@ and its input ids are replaced by `[0]` to skip the long prefill, **but it still
 queue**. Whether it then stops depends on the gates: with `reject_check` off they ask only
 `finished()`, which does not read `to_finish`, so the one-token placeholder is prefilled and
 its single page of KV is transferred as if it were the whole prompt.
+
+The prefill node keeps a prefix cache (as SGLang's prefill side keeps its radix cache): a
+request reuses the cached full pages its prompt starts with and prefills only the rest; the
+whole prompt's pages, cached ones included, are what the transfer sends.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class PrefillNode(Node):
                              f"(min(context_len - 1, prefill pool tokens - 1) = min({self.context_len - 1}, "
                              f"{self.pool.capacity_tokens - 1}))")
             seq.prompt_ids = list(PLACEHOLDER_IDS)
+            seq.cache_keys = []  # the keys named the prompt that was swapped out
 
     def add(self, seq: Sequence, step: int) -> None:
         self.check_intake(seq)
@@ -112,18 +117,24 @@ class PrefillNode(Node):
             if not self.gate(seq, step):
                 self.waiting_queue.remove(seq)
                 continue
-            need = self.pool.pages_for(len(seq.prompt_ids))
-            if (batch and len(seq.prompt_ids) > budget) or not self.pool.can_allocate(need):
+            hits = self.pool.cached_prefix(seq.cache_keys, len(seq.prompt_ids))
+            todo = len(seq.prompt_ids) - len(hits) * self.pool.page_size
+            need = self.pool.pages_for(len(seq.prompt_ids)) - len(hits)
+            if (batch and todo > budget) or not self.pool.can_allocate(self.pool.pages_to_take(hits, need)):
                 break  # capacity is checked on the (possibly swapped) input: the stub always fits
-            seq.block_table = self.pool.allocate(need, seq.request_id)
+            if hits:
+                self.pool.acquire(hits, seq.request_id)
+                seq.num_cached = seq.cached_tokens = len(hits) * self.pool.page_size
+                self._event(step, "cache_hit", seq, hits, f"{seq.num_cached} prompt tokens from the prefix cache")
+            seq.block_table = hits + self.pool.allocate(need, seq.request_id)
             seq.status = SeqStatus.RUNNING
-            self._event(step, "allocate", seq, seq.block_table, f"{need} page(s) for {len(seq.prompt_ids)} token(s)")
+            self._event(step, "allocate", seq, seq.block_table[len(hits):], f"{need} page(s) for {len(seq.prompt_ids)} token(s)")
             self.waiting_queue.remove(seq)
             batch.append(seq)
-            budget -= len(seq.prompt_ids)
+            budget -= todo
         if not batch:
             return
-        firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids for s in batch])
+        firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids[s.num_cached :] for s in batch])
         for seq, first in zip(batch, firsts):
             if first.error is not None:  # this request failed; the rest of the batch goes on
                 self.senders[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -131,9 +142,12 @@ class PrefillNode(Node):
                 self._event(step, "finish", seq, (), f"failed (500): {first.error}")
                 self._release(seq, step)
                 continue
+            seq.num_cached = len(seq.prompt_ids)  # the forward wrote the K/V of the whole (possibly swapped) input
+            self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
             checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None
-            self.senders[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum, sampler_state))
+            self.senders[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum,
+                                                                  sampler_state, seq.cached_tokens))
             self.inflight_queue.append(seq)
             self._stage(step, seq, "inflight")
 

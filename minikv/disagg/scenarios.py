@@ -6,6 +6,8 @@ over-length  Alice saves a secret; her request finishes on the decode node and i
 late-write   Carol sends a long prompt; its KV transfer is one big batch that outlasts the
              decode node's timeout, so decode aborts her and frees her pages while the batch
              is still on the wire. Dave's request gets those pages; Carol's batch lands in them.
+prefix-probe Alice saves a key; Mallory recovers it character by character from the
+             `cached_tokens` her own probes report (prefix_probe.py), at 1-token pages.
 
 Nothing here touches the engine's internals: the scenarios only submit requests and step the
 clock. Which stale pages Bob or Dave receive is decided by the ordinary free list (most
@@ -20,14 +22,15 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
+from minikv.disagg.prefix_probe import PROBE_CONFIG, probe_attack
 from minikv.disagg.switches import SafetySwitches
 from minikv.model import Llama
 from minikv.request import Request
 from minikv.response import Response
 from minikv.workload import Note, check_secret, document_sentence, long_document_prompt, make_prompt, note_prompt
 
-SCENARIOS = ("over-length", "late-write")
-DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4"}
+SCENARIOS = ("over-length", "late-write", "prefix-probe")
+DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4", "prefix-probe": "7Hq2Zp9Xw4"}
 BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
 MAX_TOKENS = 64
 
@@ -42,10 +45,16 @@ class ScenarioResult:
     attacker: Response | None
     refused: str | None = None  # startup_check's message when the cluster would not start
     cluster: Cluster | None = field(default=None, repr=False)
+    recovered: str | None = None  # prefix-probe: what the attacker reconstructed
+    probes: int | None = None  # prefix-probe: requests the attacker sent
 
     @property
     def cross_tenant_reads(self) -> int:
         return self.cluster.cross_tenant_reads if self.cluster else 0
+
+    @property
+    def cross_tenant_cache_hits(self) -> int:
+        return self.cluster.cross_tenant_cache_hits if self.cluster else 0
 
     def audit_pages(self) -> list[int]:
         """Decode-pool pages the attacker read that another tenant wrote."""
@@ -64,24 +73,28 @@ class ScenarioResult:
             "switches": self.switches.as_dict(),
             "victim": self.victim.to_json() if self.victim else None,
             "attacker": self.attacker.to_json() if self.attacker else None,
-            "audit": {"cross_tenant_reads": self.cross_tenant_reads, "pages": self.audit_pages()},
+            "audit": {"cross_tenant_reads": self.cross_tenant_reads,
+                      "cross_tenant_cache_hits": self.cross_tenant_cache_hits, "pages": self.audit_pages()},
         }
+        if self.recovered is not None:
+            out["recovered"], out["probes"] = self.recovered, self.probes
         if self.refused:
             out["refused"] = self.refused
         return out
 
 
 def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches,
-                 secret: str | None = None, seed: int = 0, config: ClusterConfig = ClusterConfig()) -> ScenarioResult:
-    """Play scenario `name` under `switches`."""
+                 secret: str | None = None, seed: int = 0, config: ClusterConfig | None = None) -> ScenarioResult:
+    """Play scenario `name` under `switches` (on the incident's pair, or PROBE_CONFIG for prefix-probe)."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}: choose from {', '.join(SCENARIOS)}")
     secret = check_secret(secret if secret is not None else DEFAULT_SECRETS[name])
+    config = config or (PROBE_CONFIG if name == "prefix-probe" else ClusterConfig())
     try:
         cluster = Cluster(model, tokenizer, config, switches)
     except StartupRefused as e:
         return ScenarioResult(name, switches, None, None, refused=str(e))
-    play = over_length if name == "over-length" else late_write
+    play = {"over-length": over_length, "late-write": late_write, "prefix-probe": prefix_probe}[name]
     return play(cluster, switches, secret, random.Random(seed))
 
 
@@ -112,3 +125,10 @@ def late_write(cluster: Cluster, switches: SafetySwitches, secret: str, rng: ran
     cluster.submit(Request(dave_prompt, "dave", MAX_TOKENS, request_id="dave-1"))
     [dave] = cluster.run()
     return ScenarioResult("late-write", switches, carol[0], dave, cluster=cluster)
+
+
+def prefix_probe(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
+    """Alice saves a key; Mallory probes the prefill node's prefix cache (prefix_probe.py)."""
+    out = probe_attack(cluster, secret, cluster.config.page_size)
+    return ScenarioResult("prefix-probe", switches, out.victim, out.last_probe, cluster=cluster,
+                          recovered=out.recovered, probes=out.probes)

@@ -9,6 +9,7 @@
 | kv_canary           | reserved pages poisoned, checked before use | over-length (detects)       |
 | deferred_release    | aborted pages wait for in-flight writes     | late-write                  |
 | transfer_batch_cap  | large transfers split so none times out     | late-write                  |
+| cache_salt          | prefix-cache keys salted with the tenant    | prefix-probe (cache hits)   |
 | scrub_on_free       | freed pages are zeroed                      | hides the symptom only      |
 """
 
@@ -27,6 +28,7 @@ class SafetySwitches:
     kv_canary: bool = True
     deferred_release: bool = True
     transfer_batch_cap: bool = True
+    cache_salt: bool = True  # each tenant's prefix-cache pages are its own: no cross-tenant hits
     scrub_on_free: bool = False  # costly, and it hides the bug rather than fixing it
 
     @classmethod

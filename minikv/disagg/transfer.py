@@ -50,6 +50,7 @@ class PostedBatch:
     kv: Tensor  # (L, 2, n, page, KVH, D) read from the prefill pool when posted
     writers: Tensor  # (n * page,) writer uid of every source slot
     due_tick: int
+    positions: Tensor | None = None  # (n * page,) the token position each source slot was written at
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Shipment:
     first_token: int  # the token prefill sampled from the prompt's last position
     checksum: int | None  # Adler-32 of that KV, when kv_checksum is on
     sampler_state: torch.Tensor | None = None  # the request's generator after the first token, when sampling
+    cached_tokens: int = 0  # prompt tokens prefill took from its prefix cache (reported in usage)
 
 
 @dataclass
@@ -148,8 +150,9 @@ class KVManager:
         ps = self.src.page_size
         src_slots = torch.tensor([p * ps + o for p in src_pages for o in range(ps)], device=self.src.kv.device)
         writers = self.src_audit.writers[src_slots].clone() if self.src_audit is not None else torch.zeros(0)
+        positions = self.src_audit.positions[src_slots].clone() if self.src_audit is not None else None
         batch = PostedBatch(t.room, dst_pages, self.src.kv[:, :, src_pages].clone(), writers,
-                            self.clock.now + self.latency(len(src_pages)))
+                            self.clock.now + self.latency(len(src_pages)), positions)
         self.posted.append(batch)
         t.in_flight += 1
         self.log.add(Event(self.clock.now, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
@@ -195,9 +198,10 @@ class KVManager:
         if self.dst_audit is not None:
             ps = self.dst.page_size
             slots = (dst[:, None] * ps + torch.arange(ps, device=dst.device)).flatten()
-            self.dst_audit.record_writes(slots, b.writers.to(dst.device))
+            self.dst_audit.record_writes(slots, b.writers.to(dst.device),
+                                         b.positions.to(dst.device) if b.positions is not None else None)
         t.in_flight -= 1
-        owners = {self.dst.owner[p] for p in b.dst_pages}
+        owners = {self.dst.owner_of(p) for p in b.dst_pages}
         late = t.status is KVPoll.Failed
         self.log.add(Event(self.clock.now, "decode", "write", t.request_id, t.tenant, tuple(b.dst_pages),
                            "KV transfer landed" + (f" LATE, in pages now owned by {sorted(o or 'nobody' for o in owners)}" if late else "")))

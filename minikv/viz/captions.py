@@ -19,6 +19,8 @@ def describe(event: Event) -> str:
         return f"{node} refused {who} with a 400{detail}"
     if event.kind == "allocate":
         return f"{node} reserved {_pages(n)} for {who}"
+    if event.kind == "cache_hit":
+        return f"{who} took {_pages(n)} from {node}'s prefix cache{detail}"
     if event.kind == "write":
         return f"{node} wrote {who}'s K/V into {_pages(n)}{detail}"
     if event.kind == "read":

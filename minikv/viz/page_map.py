@@ -7,6 +7,8 @@ How to read it:
 - a cell hatched in a tenant's colour is *reserved* by that tenant's request, but what it holds
   is still someone else's data (faded, underneath) or nothing; the incident lives here;
 - a thick black outline marks the chosen request's block table, numbered in order;
+- a number in a cell's corner is its ref count, when more than one request holds it (prefix
+  caching: a shared page, drawn solid in the colour of the tenant that computed it);
 - a small white triangle marks a page written during the current step;
 - a vermillion crossed border marks a page read by a request that did not write it (the audit's
   `cross_read`: another tenant's data, another request's, or never-written memory).
@@ -56,6 +58,7 @@ class PageStyle:
     order: int | None  # 1-based position in the outlined block table
     cross_read: bool  # read by a request that did not write it
     written_now: bool  # written during the current step
+    ref_count: int = 1  # requests holding the page (prefix caching shares pages)
 
 
 def page_styles(state: PoolState, colours: Mapping[str, str], request: str | None = None,
@@ -69,14 +72,15 @@ def page_styles(state: PoolState, colours: Mapping[str, str], request: str | Non
         status = state.status(p)
         owner, data = state.owner_tenant[p], state.writer_tenant[p]
         data_colour = colours.get(data, UNKNOWN_TENANT) if data is not None else None
-        if status is PageStatus.OWNED:
+        if status in (PageStatus.OWNED, PageStatus.SHARED):
             fill = data_colour
         elif data_colour is None:
             fill = NEVER_WRITTEN
         else:
             fill = faded(data_colour)
         hatch = colours.get(owner, UNKNOWN_TENANT) if status is PageStatus.RESERVED else None
-        styles.append(PageStyle(p, status, fill, owner, data, hatch, order.get(p), p in crossed, p in state.written_now))
+        refs = state.ref_count[p] if state.ref_count else int(owner is not None)
+        styles.append(PageStyle(p, status, fill, owner, data, hatch, order.get(p), p in crossed, p in state.written_now, refs))
     return styles
 
 
@@ -89,8 +93,8 @@ def status_counts(state: PoolState) -> dict[PageStatus, int]:
 
 
 def counts_text(state: PoolState) -> str:
-    """e.g. "3 owned, 55 reserved, 12 stale, 55 never written"."""
-    return ", ".join(f"{n} {s.value}" for s, n in status_counts(state).items())
+    """e.g. "3 owned, 55 reserved, 12 stale, 55 never written" (and "2 shared" when there are any)."""
+    return ", ".join(f"{n} {s.value}" for s, n in status_counts(state).items() if n or s is not PageStatus.SHARED)
 
 
 # -- geometry ------------------------------------------------------------------------------
@@ -149,6 +153,11 @@ def _draw_panel(ax: Axes, state: PoolState, styles: list[PageStyle], cell_pt: fl
         else:  # no room for numbers: a line through the pages in block-table order
             ax.plot([divmod(s.page, cols)[1] for s in ordered], [divmod(s.page, cols)[0] for s in ordered],
                     color=INK, linewidth=0.8, alpha=0.7)
+    for s in styles:
+        if s.ref_count > 1 and cell_pt >= MIN_NUMBER_PT:  # shared through the prefix cache
+            row, col = divmod(s.page, cols)
+            ax.text(col - 0.42, row + 0.42, str(s.ref_count), ha="left", va="bottom", fontsize=min(8.0, cell_pt * 0.35),
+                    color="white" if _is_dark(s.fill) else INK)
     written = [s.page for s in styles if s.written_now]
     if written:
         ax.add_collection(PolyCollection([_corner(p, cols) for p in written],

@@ -1,7 +1,8 @@
 """Rebuild a pool's state at any point of an engine's history from its event log alone.
 
 The engine's `EventLog` records every allocation, write, read and free. Replaying a prefix of it
-gives, for every page of every node: who owns it now (`allocate` .. `free`/`preempt`), who
+gives, for every page of every node: who holds it now (`allocate` or `cache_hit` .. `free`/`preempt`;
+with prefix caching several requests can hold one page, and `ref_count` counts them), who
 last wrote into it (`write`: a forward pass or a KV transfer), and whether it was read across
 tenants (`cross_read`). Pictures and widgets only ever draw a `PoolState`; this module is pure
 (no plotting, no engine), so the replay can be tested on a hand-written list of events.
@@ -24,6 +25,7 @@ class PageStatus(Enum):
     RESERVED = "reserved"  # held by a request, but the data in it is someone else's (or none)
     STALE = "stale"  # free, still holding its last writer's data (pages are not zeroed)
     NEVER_WRITTEN = "never written"  # free, nobody has written it since boot
+    SHARED = "shared"  # held through the prefix cache: K/V another request computed for the same tokens
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,14 @@ class PoolState:
     written_now: frozenset[int]  # pages written during the current step
     cross_read_now: frozenset[int]  # pages read across requests during the current step
     cross_read_ever: frozenset[int]  # pages read across requests at any step so far
+    ref_count: tuple[int, ...] = ()  # requests holding each page (empty: one owner at most, as before)
+    shared: frozenset[int] = frozenset()  # held pages some holder took from the prefix cache
 
     def status(self, page: int) -> PageStatus:
         if self.owner[page] is None:
             return PageStatus.NEVER_WRITTEN if self.writer[page] is None else PageStatus.STALE
+        if page in self.shared:
+            return PageStatus.SHARED
         return PageStatus.OWNED if self.writer[page] == self.owner[page] else PageStatus.RESERVED
 
     def pages(self, status: PageStatus) -> list[int]:
@@ -76,8 +82,8 @@ def replay(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int],
     last = len(events) - 1 if upto is None else upto
     if not -1 <= last < len(events):
         raise IndexError(f"upto={upto} is outside the log's {len(events)} events (use -1 .. {len(events) - 1})")
-    owner = {n: [None] * size for n, size in sizes.items()}
-    owner_tenant = {n: [None] * size for n, size in sizes.items()}
+    holders: dict[str, list[list[tuple[str, str, bool]]]] = {n: [[] for _ in range(size)] for n, size in sizes.items()}
+    # each holder: (request id, tenant, took the page from the prefix cache)
     writer = {n: [None] * size for n, size in sizes.items()}
     writer_tenant = {n: [None] * size for n, size in sizes.items()}
     tables: dict[str, dict[str, list[int]]] = {n: {} for n in sizes}
@@ -91,14 +97,15 @@ def replay(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int],
         for p in e.pages:
             if not 0 <= p < sizes[e.node]:
                 raise ValueError(f"event {e} names page {p}, but node {e.node!r} has {sizes[e.node]} pages")
-        if e.kind == "allocate":
+        if e.kind in ("allocate", "cache_hit"):
             for p in e.pages:
-                owner[e.node][p], owner_tenant[e.node][p] = e.request_id, e.tenant
+                if e.kind == "allocate":
+                    holders[e.node][p] = []  # a fresh page (or a buggy engine's double hand-out)
+                holders[e.node][p].append((e.request_id, e.tenant, e.kind == "cache_hit"))
             tables[e.node].setdefault(e.request_id, []).extend(e.pages)
         elif e.kind in ("free", "preempt"):
-            for p in e.pages:
-                if owner[e.node][p] == e.request_id:  # a buggy engine may free what it no longer owns
-                    owner[e.node][p], owner_tenant[e.node][p] = None, None
+            for p in e.pages:  # a buggy engine may free what it no longer holds: then nothing changes
+                holders[e.node][p] = [h for h in holders[e.node][p] if h[0] != e.request_id]
             table = tables[e.node].get(e.request_id, [])
             tables[e.node][e.request_id] = [p for p in table if p not in e.pages]
             if not tables[e.node][e.request_id]:
@@ -114,11 +121,13 @@ def replay(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int],
                 cross_now[e.node].update(e.pages)
     return {
         n: PoolState(
-            node=n, num_pages=sizes[n], owner=tuple(owner[n]), owner_tenant=tuple(owner_tenant[n]),
+            node=n, num_pages=sizes[n], owner=tuple(h[0][0] if h else None for h in holders[n]),
+            owner_tenant=tuple(h[0][1] if h else None for h in holders[n]),
             writer=tuple(writer[n]), writer_tenant=tuple(writer_tenant[n]),
             block_tables={r: tuple(t) for r, t in tables[n].items()},
             written_now=frozenset(written_now[n]), cross_read_now=frozenset(cross_now[n]),
-            cross_read_ever=frozenset(cross_ever[n]),
+            cross_read_ever=frozenset(cross_ever[n]), ref_count=tuple(len(h) for h in holders[n]),
+            shared=frozenset(p for p, h in enumerate(holders[n]) if any(hit for _, _, hit in h)),
         )
         for n in sizes
     }

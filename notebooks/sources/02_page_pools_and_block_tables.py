@@ -246,10 +246,11 @@ print(f"token 9 ({prompt[9]!r}): slot {slots[9]} of the pool holds the key at po
 # ## Freed pages keep their data
 #
 # Now a real engine, with a 16-page pool. Alice saves a pin. After her prefill step, copy the keys and
-# values of her prompt out of the pool, so that we can compare later.
+# values of her prompt out of the pool, so that we can compare later. (Prefix caching is off in this
+# notebook, so that every freed page goes back on the stack; notebook 09 turns it on.)
 
 # %%
-engine = Engine(model, tok, EngineConfig(num_pages=16))
+engine = Engine(model, tok, EngineConfig(num_pages=16, prefix_caching=False))
 engine.submit(Request("alice: save pin 0912.\n", tenant="alice", max_tokens=32, request_id="alice-1"))
 engine.step()  # prefill: her prompt's K/V go into her pages
 alice = engine.seqs["alice-1"]
@@ -325,7 +326,7 @@ assert bob.text == "saved pin 4455." and engine.audit.violations == 0
 # records every allocation, write, read and free in `engine.log`.
 
 # %%
-engine = Engine(model, tok, EngineConfig(num_pages=16))
+engine = Engine(model, tok, EngineConfig(num_pages=16, prefix_caching=False))
 arrivals = {
     0: [("alice", Note("pin", "0912")), ("bob", Note("card", "4929 1234 5678 9012"))],
     4: [("carol", Note("key", "sk-7Hq2Zp9Xw4"))],

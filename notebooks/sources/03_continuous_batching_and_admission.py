@@ -142,7 +142,7 @@ assert [e.kind for e in small.log.events] == ["reject", "reject"] and small.pool
 
 # %%
 trio = [ask("alice", "pin", "0912"), ask("bob", "card", "4929 1234 5678 9012"), ask("carol", "key", "sk-7Hq2Zp9Xw4")]
-tight = Engine(model, tok, EngineConfig(num_pages=6))
+tight = Engine(model, tok, EngineConfig(num_pages=6, prefix_caching=False))  # no prefix cache: see notebook 09
 for request in trio:
     tight.submit(request)
 tight_answers = {r.request_id: r for r in tight.run()}

@@ -67,6 +67,7 @@ for name in ("deferred_release", "transfer_batch_cap"):  # each alone closes the
 assert matrix["startup_check"]["over-length"] == "refused to start"
 assert matrix["scrub_on_free"]["over-length"].startswith("200 / safe")  # no secret, but still a 200
 assert matrix["(all: safe preset)"]["over-length"] == "refused to start"
+assert leaks(matrix["cache_salt"]["over-length"]) and leaks(matrix["cache_salt"]["late-write"])  # notebook 09's
 print("every switch closes exactly the path it was built for")
 
 # %% [markdown]

@@ -1,0 +1,82 @@
+"""Checkers for notebook 09 (shared prefixes).
+
+Each checker tries a learner's function on hidden, generated cases and compares it with the
+engine's own code: the page pool's prefix lookup for cached tokens, and a cache filled by a
+victim's prompt for the attack. It prints one line when everything passes and raises
+AssertionError with a hint otherwise.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from minikv.model import ModelConfig
+from minikv.page_pool import PagePool
+from minikv.prefix_cache import page_keys
+from minikv.workload import SECRET_ALPHABET
+
+_TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
+                    num_kv_heads=1, head_dim=2, max_position_embeddings=8)  # only the bookkeeping matters
+
+
+def cached_tokens(earlier: list[list[int]], prompt: list[int], page_size: int) -> int:
+    """What the engine reports: earlier prompts' full pages are cached; `prompt` reuses the leading ones."""
+    pool = PagePool(_TINY, sum(len(p) // page_size + 1 for p in earlier) + 1, page_size, prefix_caching=True)
+    for i, ids in enumerate(earlier):
+        pages = pool.allocate(pool.pages_for(len(ids)), f"r{i}")
+        pool.cache_pages(page_keys(ids, page_size), pages, len(ids))
+        pool.free(pages, f"r{i}")
+    return len(pool.cached_prefix(page_keys(prompt, page_size), len(prompt))) * page_size
+
+
+def _cache_cases(seed: int) -> list[tuple[list[list[int]], list[int], int]]:
+    rng = random.Random(seed)
+    cases = [([[1, 2, 3, 4]], [1, 2, 3, 4], 1), ([[1, 2, 3, 4]], [1, 2, 3, 4], 2), ([[5, 6]], [1, 2, 3], 1)]
+    for _ in range(40):
+        stem = [rng.randrange(3) for _ in range(rng.randint(0, 12))]
+        earlier = [stem + [rng.randrange(3) for _ in range(rng.randint(0, 6))] for _ in range(rng.randint(1, 3))]
+        prompt = stem[: rng.randint(0, len(stem))] + [rng.randrange(3) for _ in range(rng.randint(1, 8))]
+        cases.append((earlier, prompt, rng.choice([1, 2, 3, 4])))
+    return cases
+
+
+def check_cached_tokens(fn: Callable[[list[list[int]], list[int], int], int]) -> None:
+    """fn(earlier_prompts, prompt, page_size) -> how many of prompt's tokens come from the cache."""
+    cases = _cache_cases(9)
+    for earlier, prompt, page_size in cases:
+        want = cached_tokens(earlier, prompt, page_size)
+        got = fn([list(p) for p in earlier], list(prompt), page_size)
+        assert got == want, (
+            f"earlier prompts {earlier}, prompt {prompt}, page size {page_size}: got {got}, want {want}. "
+            "Only full pages are cached; a page matches when it and every page before it are equal to an "
+            "earlier prompt's; and the prompt's last token is always computed, so at most "
+            "(len(prompt) - 1) // page_size pages count.")
+    print(f"correct on {len(cases)} cases")
+
+
+def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:
+    """fn(cached_tokens_of, known, alphabet) -> the secret that follows `known` in the cached prompt.
+
+    `cached_tokens_of(prompt)` answers as the engine's usage would, at 1-token pages, for a
+    cache holding one victim prompt: `known + secret + ".\\n"`.
+    """
+    rng = random.Random(13)
+    secrets = ["a", "0912", "Zz-9"] + ["".join(rng.choice(SECRET_ALPHABET) for _ in range(rng.randint(1, 12)))
+                                      for _ in range(6)]
+    for secret in secrets:
+        known = rng.choice(["alice: save key ", "bob: save pin ", "carol: save card "])
+        victim = [ord(c) for c in known + secret + ".\n"]
+        calls = []
+
+        def oracle(prompt: str) -> int:
+            calls.append(prompt)
+            return cached_tokens([victim], [ord(c) for c in prompt], 1)
+
+        got = fn(oracle, known, SECRET_ALPHABET)
+        assert got == secret, (
+            f"the victim sent {known + secret!r} then '.': you recovered {got!r}. Extend what you know one "
+            "character at a time: for each candidate c, ask for known + found + c + a last token; the "
+            "right c is the one whose cached_tokens reaches len(known + found + c). Stop when '.' hits.")
+        assert len(calls) <= (len(secret) + 1) * (len(SECRET_ALPHABET) + 1), f"{len(calls)} probes is more than needed"
+    print(f"recovered {len(secrets)} secrets exactly")

@@ -1,0 +1,123 @@
+"""The prefix cache: full pages keyed by a hash chained over everything before them.
+
+Two requests that start with the same tokens compute the same keys and values for that start
+(K/V at position i depend only on tokens 0..i). So an engine keeps the pages of a finished
+prefill indexed by what they hold, and a later request that starts the same way reuses those
+pages instead of computing them again: it skips that part of its prefill.
+
+How a page is named (as vLLM's automatic prefix caching and nano-vllm's block manager do):
+only *full* pages are cached, and page i's key is a hash of page i-1's key and page i's tokens,
+so one key stands for the whole prefix up to the end of that page. The first page's hash also
+takes the request's **salt**: requests with different salts never share a page, however alike
+their prompts (vLLM's `cache_salt`, TensorRT-LLM's `cache_salt_id`). Granularity is the page
+size: with 1-token pages the match goes token by token, like SGLang's radix tree.
+
+What this file owns: the keys, the index `key -> page` (and back), and the pages nobody holds
+any more that are still matchable, in least-recently-used order. The page pool owns the ref
+counts and asks this index when a page is freed or needed (see page_pool.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+PageKey = bytes  # 16 bytes of BLAKE2b: the page's tokens and every page before it, and the salt
+
+
+def cache_salt(tenant: str, request_salt: str | None, per_tenant: bool) -> str | None:
+    """The namespace a request's pages are cached in, or None for the one shared namespace.
+
+    With `per_tenant` (the `cache_salt` safety switch) the tenant always goes in, so tenants
+    never share pages; a request's own `cache_salt` narrows that further. Without it, only the
+    request's own salt (if any) separates it from everyone else.
+    """
+    parts = ([f"tenant={tenant}"] if per_tenant else []) + ([f"salt={request_salt}"] if request_salt is not None else [])
+    return "\x00".join(parts) if parts else None
+
+
+def page_keys(token_ids: Sequence[int], page_size: int, salt: str | None = None) -> list[PageKey]:
+    """The key of each *full* page of `token_ids`: a hash chained over the prefix and the salt."""
+    keys: list[PageKey] = []
+    parent = hashlib.blake2b(("salt:" + salt if salt is not None else "no salt").encode(), digest_size=16).digest()
+    for start in range(0, len(token_ids) - page_size + 1, page_size):
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(",".join(map(str, token_ids[start : start + page_size])).encode())
+        parent = h.digest()
+        keys.append(parent)
+    return keys
+
+
+def page_keys_reference(token_ids: Sequence[int], page_size: int, salt: str | None = None) -> list[PageKey]:
+    """The slow, obvious version: each key hashes the salt and the *whole* prefix up to its page's end.
+
+    Different bytes from page_keys (no chain), but the same equalities: two prefixes get equal
+    keys exactly when they are equal. Used by tests to check the chain."""
+    return [hashlib.blake2b(repr((salt, tuple(token_ids[:end]))).encode(), digest_size=16).digest()
+            for end in range(page_size, len(token_ids) + 1, page_size)]
+
+
+class PrefixCache:
+    """The index of cached pages, and the least-recently-used order of those nobody holds."""
+
+    def __init__(self) -> None:
+        self.page_of: dict[PageKey, int] = {}
+        self.key_of: dict[int, PageKey] = {}
+        self.parked: OrderedDict[int, None] = OrderedDict()  # ref count 0, still matchable; oldest first
+        self.hits = 0  # pages reused
+        self.evictions = 0  # cached pages handed out for new data
+
+    def match(self, keys: Sequence[PageKey]) -> list[int]:
+        """The pages holding the longest cached prefix: keys[0], keys[1], ... until one is missing."""
+        pages = []
+        for key in keys:
+            page = self.page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        return pages
+
+    def insert(self, key: PageKey, page: int) -> bool:
+        """Name `page` by `key`. False (and nothing changes) if the key or the page already has a name."""
+        if key in self.page_of or page in self.key_of:
+            return False
+        self.page_of[key], self.key_of[page] = page, key
+        return True
+
+    def is_cached(self, page: int) -> bool:
+        return page in self.key_of
+
+    @property
+    def num_parked(self) -> int:
+        return len(self.parked)
+
+    def park(self, page: int) -> None:
+        """Nobody holds `page` any more; keep it matchable, most recently used last."""
+        assert page in self.key_of and page not in self.parked, f"page {page} parked twice or without a key"
+        self.parked[page] = None
+
+    def unpark(self, page: int) -> None:
+        """A request hit a parked page: it is held again and cannot be evicted."""
+        del self.parked[page]
+
+    def evict(self) -> int:
+        """Take the least recently used parked page out of the cache, to be written with new data."""
+        page, _ = self.parked.popitem(last=False)
+        self.forget(page)
+        self.evictions += 1
+        return page
+
+    def forget(self, page: int) -> None:
+        """`page` no longer holds what its key says (evicted, or scrubbed): drop its name."""
+        key = self.key_of.pop(page, None)
+        if key is not None:
+            del self.page_of[key]
+
+    def check(self) -> None:
+        """The index is one-to-one and every parked page is named."""
+        assert len(self.page_of) == len(self.key_of), "key -> page and page -> key differ in size"
+        for key, page in self.page_of.items():
+            assert self.key_of.get(page) == key, f"page {page}: its key and the index disagree"
+        for page in self.parked:
+            assert page in self.key_of, f"parked page {page} has no key"

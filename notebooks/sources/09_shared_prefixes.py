@@ -1,0 +1,341 @@
+# %% [markdown]
+# # 09 · Shared prefixes: the cache that tenants share on purpose
+#
+# **What you will learn**
+# - why every serving engine reuses K/V across requests (vLLM's automatic prefix caching, SGLang's
+#   RadixAttention, nano-vllm's block manager), measured on a workload with shared system prompts;
+# - how: full pages named by a hash **chained** over the whole prefix, ref counts, and cached pages that
+#   stay matchable after their request ends until the pool needs them (least recently used first);
+# - the side channel this opens: a cache hit is reported (`usage.cached_tokens`) and is faster, so
+#   another tenant can recover your prompt **character by character**;
+# - the fix, `cache_salt`, what it costs, and what operators and customers can do.
+#
+# Notebooks 02 to 08 are about KV that leaks by *mistake*. Here tenants' KV meets *by design*: the engine
+# may hand Bob pages that Alice's request computed, because Bob sent the same tokens. The data he reads
+# is what his own prefill would have written. What leaks is the *fact* that Alice sent it.
+
+# %%
+import random
+
+import torch
+from scipy.stats import ks_2samp, mannwhitneyu
+
+from minikv.bench.prefix import serve, shared_prefix_workload
+from minikv.checkpoint import load_model
+from minikv.config import EngineConfig
+from minikv.disagg.prefix_probe import (KNOWN_PREFIX, cached_tokens_oracle, page_guesses, recover_secret,
+                                        timing_audit, victim_prompt)
+from minikv.disagg.scenarios import run_scenario
+from minikv.disagg.switches import SafetySwitches
+from minikv.engine import Engine
+from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
+from minikv.prefix_cache import page_keys
+from minikv.request import Request
+from minikv.viz import find_event, page_map
+
+torch.manual_seed(0)
+model, tok = load_model()
+
+# %% [markdown]
+# ## Why engines share
+#
+# Many requests start the same way: an application's system prompt, a few-shot template, a long document
+# several questions are asked about. Computing that start again for every request is pure waste. The
+# workload below is 12 requests from 4 tenants behind 2 system prompts of about 700 characters; the
+# paged engine serves it with prefix caching off, then on (the engine's default).
+
+# %%
+workload = shared_prefix_workload(12)
+print(f"{len(workload)} requests, {len({r.tenant for r in workload})} tenants; first prompt starts "
+      f"{workload[0].prompt[:60]!r}...")
+off = serve(model, tok, workload, "off")
+shared = serve(model, tok, workload, "shared")
+assert shared.texts == off.texts  # the same answers, token for token
+print(f"prompt tokens: {shared.prompt_tokens:,}; served from the cache: {shared.cached_tokens:,} "
+      f"({shared.cached_tokens / shared.prompt_tokens:.0%}); the answers are identical")
+assert shared.cached_tokens > 0.6 * shared.prompt_tokens
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
+print(f"caching off {off.wall_s:.2f} s, on {shared.wall_s:.2f} s: {off.wall_s / shared.wall_s:.1f}x faster")
+
+# %% [markdown]
+# `python -m minikv bench` measures the same on 32 requests with repeats (the README's table): about 4x.
+#
+# ## How: a hash chain over full pages
+#
+# A page is cached only when it is **full**. Its key is a hash of the previous page's key and its own
+# tokens, so one key stands for the *whole* prefix up to the end of its page: two requests share page *i*
+# only if they agree on every token before it. Here are the keys of two prompts at 4-token pages:
+
+# %%
+a, b = "alice: save pin 0912.\n", "alice: save pin 4455.\n"
+ka, kb = page_keys(tok.encode(a, add_special_tokens=False), 4), page_keys(tok.encode(b, add_special_tokens=False), 4)
+for i, (x, y) in enumerate(zip(ka, kb)):
+    print(f"page {i}: {a[4 * i: 4 * i + 4]!r:8} {x.hex()[:8]}  {b[4 * i: 4 * i + 4]!r:8} {y.hex()[:8]}  "
+          f"{'same' if x == y else 'different'}")
+assert ka[:4] == kb[:4] and ka[4] != kb[4] and len(ka) == 5  # 22 characters: 5 full pages, the last partial
+
+# %% [markdown]
+# The pool keeps a **ref count** per page: how many live requests hold it. A request that hits takes one
+# more reference on each matching page and prefills only the rest; its own pages start after them. Three
+# requests share a 7-page stem while they run. The page map below is the moment bob-1's own pages are
+# handed out (hatched: not yet written): his block table, numbered, starts with the 7 pages alice-1
+# computed, drawn in her colour with their ref count, 3, in the corner.
+
+# %%
+engine = Engine(model, tok, EngineConfig(num_pages=24, page_size=4, cache_salt=False))
+stem = "alice: read the report. save "
+engine.submit(Request(stem + "pin 0912.\n", "alice", 8, request_id="alice-1"))
+engine.step()  # alice's prefill: her full prompt pages become matchable
+engine.submit(Request(stem + "card 4111 2222.\n", "alice", 8, request_id="alice-2"))
+engine.submit(Request(stem + "key sk-77.\n", "bob", 8, request_id="bob-1"))
+engine.step()
+for e in engine.log.of_kind("cache_hit"):
+    print(e)
+shared_pages = engine.seqs["bob-1"].block_table[:7]
+print("ref counts of bob-1's first pages:", [engine.pool.ref_count(p) for p in shared_pages])
+assert [engine.pool.ref_count(p) for p in shared_pages] == [3] * 7
+page_map(engine.log, engine.pool.num_pages, at=find_event(engine.log, "allocate", request_id="bob-1"),
+         request="bob-1", page_size=4)
+
+# %% [markdown]
+# When the requests finish, their cached pages are **parked**: free (ref count 0), still holding their
+# K/V and their key, matchable by the next request. A page without a key (a partial last page, an
+# output page) goes back on the free-list stack exactly as in notebook 02. The pool hands out stack
+# pages first and only then evicts parked pages, least recently used first, as SGLang does.
+
+# %%
+engine.run()
+pool = engine.pool
+print(f"free pages {pool.num_free_pages} of {pool.num_pages}: {len(pool.free_pages)} on the stack, "
+      f"{pool.prefix_cache.num_parked} parked in the cache")
+engine.check_integrity()
+assert pool.num_free_pages == pool.num_pages and pool.prefix_cache.num_parked == len(pool.prefix_cache.key_of) == 16
+
+# %% [markdown]
+# The audit (notebook 02's ledger of who wrote every slot) treats a read of a cached page as legitimate
+# only when the writer wrote that slot *at the same position* and both prompts agree on every token up to
+# it: exactly the K/V the reader's own prefill would have produced. Anything else is still a cross read.
+# Shared reads between different tenants are counted apart, as **cross-tenant cache hits**:
+
+# %%
+print(f"cross reads: {engine.audit.violations}; cache hits: {engine.audit.cache_hits}; "
+      f"cross-tenant cache hits: {engine.audit.cross_tenant_cache_hits}")
+assert engine.audit.violations == 0 and engine.audit.cross_tenant_cache_hits == 1  # bob read alice's pages
+
+# %% [markdown]
+# ## The side channel, step by step
+#
+# OpenAI-compatible APIs report `usage.prompt_tokens_details.cached_tokens`, and minikv reports
+# `usage.cached_tokens`. Alice saves a key. **Mallory**, another tenant, knows the note format and
+# Alice's name, so she knows how Alice's prompt begins: `alice: save key `. With 1-token pages (SGLang's
+# default granularity) she sends one probe per character the secret could hold next, with one more
+# token at the end (the engine always computes a prompt's last token):
+
+# %%
+SECRET = "Zq7"
+
+def victim_server():
+    """A single-node engine at 1-token pages, no salt, after alice saved her key."""
+    server = Engine(model, tok, EngineConfig(num_pages=2048, page_size=1, cache_salt=False))
+    server.submit(Request(victim_prompt(SECRET), "alice", 16))
+    server.run()
+    return server
+
+ask = cached_tokens_oracle(victim_server())
+probes = [KNOWN_PREFIX + c + "\n" for c in "XYZ"]
+for p, hit in zip(probes, ask(probes, len(KNOWN_PREFIX) + 1)):
+    print(f"{p!r:24} cached_tokens reached {len(KNOWN_PREFIX) + 1}: {hit}")
+
+# %% [markdown]
+# Only `Z` reached one token past what she knew: it is the first character. She repeats with
+# `alice: save key Z` and so on, until `.` (the note's full stop) hits. `recover_secret` is that loop
+(on a fresh engine: Mallory's three probes above are cached too, and `X` would now hit her own page):
+
+# %%
+recovered, sent = recover_secret(cached_tokens_oracle(victim_server()), page_size=1)
+print(f"recovered {recovered!r} with {sent} probes (66 per round: 65 symbols and the full stop)")
+assert recovered == SECRET
+
+# %% [markdown]
+# The same attack through the disaggregated pair's front door, the demo of the command line
+# (`python -m minikv demo --scenario prefix-probe --preset vulnerable`):
+
+# %%
+probe = run_scenario("prefix-probe", model, tok, SafetySwitches.preset("vulnerable"), secret="7Hq2Zp9Xw4")
+print(f"recovered {probe.recovered!r} in {probe.probes} probes; audit: {probe.cross_tenant_reads} cross-tenant "
+      f"reads, {probe.cross_tenant_cache_hits} cross-tenant cache hits")
+assert probe.recovered == "7Hq2Zp9Xw4" and probe.cross_tenant_reads == 0
+
+# %% [markdown]
+# Note what the audit says: **zero cross-tenant reads**. Mallory never read a byte of Alice's secret; every
+# page she read holds tokens she sent herself. The secret travelled through the *count* of cached tokens.
+#
+# ### Granularity sets the price, not the outcome
+#
+# With larger pages a probe hits only when a *whole* page matches, so a round must guess every unknown
+# character up to the next page boundary at once. For a 4-digit PIN after `alice: save pin ` (16
+# characters: page boundaries fall right before the PIN):
+
+# %%
+DIGITS = "0123456789"
+pin_server = lambda ps: Engine(model, tok, EngineConfig(num_pages=4096 // ps, page_size=ps, cache_salt=False))  # noqa: E731
+for ps in (1, 2):
+    s = pin_server(ps)
+    s.submit(Request("alice: save pin 0912.\n", "alice", 8))
+    s.run()
+    pin, n = recover_secret(cached_tokens_oracle(s), page_size=ps, known="alice: save pin ", alphabet=DIGITS)
+    print(f"page size {ps}: recovered {pin!r} with {n} probes")
+    assert pin == "0912"
+print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses (10^4 PINs, plus shorter ones)")
+
+# %% [markdown]
+# At 16-token pages this 22-character prompt has only one full page, `alice: save pin `, so the PIN is
+# never cached at all. That is luck, not a defence: a longer prompt fills the page, and a 4-digit PIN is
+# then 10,000 probes away, minutes of traffic. The attack's cost per page grows as
+# symbols<sup>characters per page</sup>; it never becomes impossible for short secrets.
+#
+# ### Timing alone
+#
+# Without `cached_tokens`, the time to first token still tells: a hit skips prefill. Gu et al. ("Auditing
+# Prompt Caching in Language Model APIs", ICML 2025) audited 17 APIs this way and found global sharing in 7
+# of them. Their test: a *hit* procedure (one account sends a fresh random prompt, a second account sends
+# the same prompt and times it) against a *miss* procedure (a fresh prompt nobody sent), many samples
+# each, compared with a two-sample Kolmogorov-Smirnov test. It works on a busy machine, because noise
+# hits both procedures alike.
+
+# %%
+def audit_p_value(cache_salt_on, samples=20):
+    server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=16, cache_salt=cache_salt_on,
+                                             audit=False, event_log=False))
+    hit, miss = timing_audit(server, random.Random(0), samples, prompt_chars=300)
+    return hit, miss, ks_2samp(hit, miss).pvalue
+
+hit, miss, p_shared = audit_p_value(False)
+salted_hit, salted_miss, p_salted = audit_p_value(True)
+print("without cache_salt the audit finds sharing (KS p < 0.001):", p_shared < 1e-3)
+assert p_shared < 1e-3 and mannwhitneyu(hit, miss, alternative="less").pvalue < 1e-3
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times and p-values: they vary from run to run)
+median = lambda xs: sorted(xs)[len(xs) // 2] * 1e3  # noqa: E731
+print(f"shared cache: hit {median(hit):.1f} ms, miss {median(miss):.1f} ms, KS p = {p_shared:.1e}")
+print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss):.1f} ms, KS p = {p_salted:.2f}")
+
+# %% [markdown]
+# The audit decides *whether* the cache is shared, with many samples. Turning it into a
+# character-by-character attack is harder than with `cached_tokens`: each guess can be timed only once,
+# because the probe caches its own guess (a second probe of a wrong guess would hit Mallory's own page),
+# and one 1-token hit saves one token of prefill, far below this machine's noise. The signal per guess is
+# one *page*: larger pages make each hit easier to time and each guess more expensive. On a GPU serving a
+# large model, Song et al. ("The Early Bird Catches the Leak", arXiv 2409.20002) and Wu et al.
+# (PromptPeek, NDSS 2025) recovered prompts token by token from timing and scheduling order.
+#
+# ## The fix: `cache_salt`
+#
+# vLLM's `cache_salt` request field, TensorRT-LLM's `cache_salt_id` and SGLang's `extra_key` and
+# `cache_salt` all do one thing: mix a secret per tenant into the *first* page's hash. Every later key
+# chains from it, so two tenants' keys never match. minikv's `cache_salt` switch salts every request with
+# its tenant (plus the request's own `cache_salt` field, if given). Same attack, safe preset:
+
+# %%
+safe = run_scenario("prefix-probe", model, tok, SafetySwitches.preset("safe"), secret="7Hq2Zp9Xw4")
+print(f"recovered {safe.recovered!r} in {safe.probes} probes; cross-tenant cache hits: {safe.cross_tenant_cache_hits}")
+assert safe.recovered == "" and safe.cross_tenant_cache_hits == 0
+
+# %% [markdown]
+# What it costs: tenants no longer share each other's system prompt pages, only their own. On the
+# workload of the first section:
+
+# %%
+salted = serve(model, tok, workload, "cache_salt")
+assert salted.texts == off.texts
+print(f"prompt tokens from the cache: shared {shared.cached_tokens / shared.prompt_tokens:.0%}, "
+      f"with cache_salt {salted.cached_tokens / salted.prompt_tokens:.0%}")
+assert shared.cached_tokens > salted.cached_tokens > 0
+
+# %% [markdown]
+# The more tenants share one system prompt, the more the salt costs; a single tenant's own traffic keeps
+# all of its hits. `python -m minikv bench` reports both speedups (README).
+#
+# ## What an operator and a customer can do
+#
+# **Operator.** Salt by tenant (or finer) by default; never let a cache namespace span customers who did
+# not agree to it. Treat the salt as input: validate it (vLLM's CVE-2026-105756: an over-long `cache_salt`
+# ended the engine for every user; minikv answers 400) and carry it through *every* layer that keys KV:
+# SGLang issue #37160 and LMCache issue #4825 show a salt dropped at the boundary to an external KV
+# store, so a second tenant's identical prefix was served from the first tenant's cache. Report
+# `cached_tokens` only for hits within the caller's own namespace, and run Gu et al.'s audit against your
+# own endpoint.
+#
+# **Customer.** Send a `cache_salt` per end user if your provider takes one; keep secrets out of the part
+# of a prompt many users share, and put them after anything an outsider could guess; run the timing audit
+# above against your provider with two of your own accounts.
+#
+# ## Exercises
+#
+# **1.** Write `cached_tokens(earlier, prompt, page_size)`: the earlier prompts (token id lists) have been
+# served and their full pages are cached; how many of `prompt`'s tokens does the engine take from the cache?
+
+# %%
+def cached_tokens(earlier, prompt, page_size):
+    raise NotImplementedError  # your code here
+
+try:
+    check_cached_tokens(cached_tokens)
+except NotImplementedError:
+    print("not solved yet: write cached_tokens, then run this cell again")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: whole pages, matched from the start (the chain), never the prompt's last token.
+def cached_tokens(earlier, prompt, page_size):
+    limit = (len(prompt) - 1) // page_size
+    best = 0
+    for e in earlier:
+        pages = 0
+        while pages < limit and (pages + 1) * page_size <= len(e) and \
+                e[: (pages + 1) * page_size] == prompt[: (pages + 1) * page_size]:
+            pages += 1
+        best = max(best, pages)
+    return best * page_size
+
+check_cached_tokens(cached_tokens)
+
+# %% [markdown]
+# **2.** Write the attack: `recover(cached_tokens_of, known, alphabet)` gets an oracle that returns the
+# `cached_tokens` of any prompt you send (1-token pages), and returns the secret that follows `known` in the
+# victim's prompt (the secret ends at a `.`).
+
+# %%
+def recover(cached_tokens_of, known, alphabet):
+    raise NotImplementedError  # your code here
+
+try:
+    check_recover(recover)
+except NotImplementedError:
+    print("not solved yet: write recover, then run this cell again")
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: one round per character; the right guess is cached one token further than what you know.
+def recover(cached_tokens_of, known, alphabet):
+    found = ""
+    while True:
+        for c in alphabet + ".":
+            probe = known + found + c
+            if cached_tokens_of(probe + "\n") >= len(probe):
+                break
+        else:
+            return found  # nothing hit: nothing more to learn
+        if c == ".":
+            return found
+        found += c
+
+check_recover(recover)
+
+# %% [markdown]
+# **3.** Rerun the probe with `run_scenario("prefix-probe", ..., SafetySwitches.preset("vulnerable"),
+# secret=...)` and a secret of your own; then with `.with_switches(enable=["cache_salt"])`. From the
+# terminal: `python -m minikv demo --scenario prefix-probe --preset vulnerable --secret "..."`.

@@ -1,0 +1,56 @@
+"""The checkers of notebook 09 pass a right answer and reject wrong ones with a hint."""
+
+from __future__ import annotations
+
+import pytest
+
+from minikv.disagg.prefix_probe import recover_secret
+from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
+
+
+def longest_cached(earlier, prompt, page_size, keep_last=True):
+    limit = (len(prompt) - 1) // page_size if keep_last else len(prompt) // page_size
+    best = 0
+    for e in earlier:
+        n = 0
+        while n < limit and (n + 1) * page_size <= len(e) and e[: (n + 1) * page_size] == prompt[: (n + 1) * page_size]:
+            n += 1
+        best = max(best, n)
+    return best * page_size
+
+
+def test_cached_tokens_checker_accepts_whole_leading_pages(capsys):
+    """Whole pages, matched from the start, never the last token: passes."""
+    check_cached_tokens(longest_cached)
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda e, p, ps: 0,  # a constant
+    lambda e, p, ps: longest_cached(e, p, ps, keep_last=False),  # forgets that the last token is computed
+    lambda e, p, ps: longest_cached(e, p, 1),  # token by token whatever the page size
+])
+def test_cached_tokens_checker_rejects_wrong_answers(wrong):
+    """A constant, a forgotten last token and ignoring the page size are all caught, with a hint."""
+    with pytest.raises(AssertionError, match="full pages"):
+        check_cached_tokens(wrong)
+
+
+def recover(cached_tokens_of, known, alphabet):
+    """The project's own attack (prefix_probe.recover_secret) at 1-token pages, as a learner's answer."""
+    oracle = lambda prompts, hit_at: [cached_tokens_of(p) >= hit_at for p in prompts]  # noqa: E731
+    return recover_secret(oracle, page_size=1, known=known, alphabet=alphabet)[0]
+
+
+def test_recover_checker_accepts_the_attack(capsys):
+    """One round per character, stop at the full stop: recovers every hidden secret."""
+    check_recover(recover)
+    assert "exactly" in capsys.readouterr().out
+
+
+def test_recover_checker_rejects_a_constant_and_an_off_by_one():
+    """A fixed answer, and a probe without the extra last token (which can never hit), fail."""
+    with pytest.raises(AssertionError, match="recovered"):
+        check_recover(lambda oracle, known, alphabet: "0912")
+    with pytest.raises(AssertionError, match="recovered"):
+        check_recover(lambda oracle, known, alphabet: recover(lambda p: oracle(p[:-1]), known, alphabet))

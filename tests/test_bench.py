@@ -17,7 +17,7 @@ from minikv.tokenizer import build_char_tokenizer
 
 
 # The `bench --json` contract, written out here rather than imported from the module it checks.
-EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal")
+EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "prefix_cache")
 EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
                    "safe_over_vulnerable"}
 

@@ -20,6 +20,7 @@ class Request:
     max_tokens: int = 64
     sampling: SamplingParams = SamplingParams()
     request_id: str | None = None  # assigned by the engine when None
+    cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share pages
 
 
 class SeqStatus(Enum):

@@ -16,6 +16,7 @@ class Usage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, not prefill
 
 
 @dataclass

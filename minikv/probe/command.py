@@ -1,0 +1,2 @@
+"""placeholder"""
+def add_probe_arguments(parser, positive_int): pass

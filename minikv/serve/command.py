@@ -11,6 +11,7 @@ finish (up to a grace period), then the engine loop answers whatever is left and
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -92,6 +93,8 @@ def run_serve(args: argparse.Namespace, load) -> int:
     app = create_app(EngineLoop(backend, tokenizer), settings, gateway)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn takes these while it serves and, after its graceful
+        signal.signal(sig, lambda *_: None)      # shutdown, raises them again: land here and exit 0
     try:
         uvicorn.Server(config).run()
     except SystemExit:  # uvicorn exits when it cannot bind the port, after logging why

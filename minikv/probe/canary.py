@@ -2,8 +2,8 @@
 
 Key A asks the model to save a fresh canary (the shipped model repeats notes, so the canary
 sits in A's KV pages and in A's reply). Right after, key B sends prompts with no canary in them
-at three quarters of the window, at its top and past it: the requests that reached freed pages in
-the incident. The probe runs this check first, before its own traffic fills the pool.
+from three quarters of the window to its top, and past it: the requests that reached freed pages
+in the incident. Each is sent right after a fresh canary. The probe runs this check first, before its own traffic fills the pool.
 Any part of the canary in B's reply (8 characters or more) is another tenant's data.
 """
 
@@ -19,6 +19,7 @@ CANARY_CHARS = 16
 MATCH_CHARS = 8  # a shared run this long is not chance: 62**8 possibilities
 MAX_TOKENS = 48
 MARGIN_TOKENS = 16
+LONG_FRACTIONS = (3 / 4, 13 / 16, 7 / 8, 1)  # of the longest prompt the window allows
 
 
 def new_canary(s: ProbeSession) -> str:
@@ -30,8 +31,8 @@ def holds_canary(text: str, canary: str) -> bool:
 
 
 def check_canary(s: ProbeSession, result: CheckResult) -> None:
-    sizes = [s.scale.words_for(int(s.context * 3 / 4)), s.scale.words_for(s.context - MAX_TOKENS - MARGIN_TOKENS),
-             s.scale.words_over(s.context + MARGIN_TOKENS)]
+    longest = s.context - MAX_TOKENS - MARGIN_TOKENS
+    sizes = [s.scale.words_for(int(longest * f)) for f in LONG_FRACTIONS] + [s.scale.words_over(s.context + MARGIN_TOKENS)]
     canaries = []
     for words in sizes:
         canary = new_canary(s)
@@ -40,8 +41,9 @@ def check_canary(s: ProbeSession, result: CheckResult) -> None:
         result.note(f"key A: a note holding canary {canary}", planted.summary())
         sent, obs = s.send(s.key_b, words, MAX_TOKENS)
         leaked = [c for c in canaries if obs.status == HTTPStatus.OK and holds_canary(obs.text, c)]
-        result.note(sent, obs.summary() + (f"; reply holds key A's canary: {obs.text[:80]!r}" if leaked else ""))
+        reply = f"; reply {obs.text[:60]!r}" if obs.status == HTTPStatus.OK else ""
+        result.note(sent, obs.summary() + reply + ("  <- key A's canary" if leaked else ""))
         if leaked:
             result.decide(FAIL, f"key B's {s.scale.tokens(words):,}-token request returned key A's canary {leaked[0]}")
             return
-    result.decide(PASS, "key A's canaries never came back to key B")
+    result.decide(PASS, "key A's canaries never came back to key B (a leak that depends on timing can still hide)")

@@ -1,23 +1,27 @@
 """Over-length: what the endpoint cannot hold must be refused, never answered 200.
 
 Two ways to fail. A prompt just past the advertised window answered 200 means the window is
-not enforced. A prompt at the top of the window answered 200 *as fast as a short one* was not read: that is the incident's shape (notebook 05), a prompt longer than the prefill
-pool swapped for a placeholder and answered from whatever the decode pages held. Reading a
-prompt takes time in proportion to its length, so the top-of-window prompt must take clearly
-longer than a short one (both timed three times, medians compared).
+not enforced. A prompt at the top of the window answered 200 *far sooner than prefill needs*
+was not read: that is the incident's shape (notebook 05), a prompt longer than the prefill pool
+swapped for a placeholder and answered from whatever the decode pages held. Prefill reads every
+token, so time to first token grows with the prompt: the check times short prompts (1/64 to
+3/16 of the window, each three times, the fastest kept), fits a line through them, and asks
+whether the top-of-window prompt came back in less than half the time the line predicts.
 """
 
 from __future__ import annotations
 
+import statistics
 from http import HTTPStatus
 
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
-from minikv.probe.session import ProbeSession, median_ms
+from minikv.probe.session import ProbeSession, fastest_ms
 
 MAX_TOKENS = 4
 REPEATS = 3
-BLIND_RATIO = 1.5  # a top-of-window prompt's TTFT under 1.5x a short one's: it was not read
-SHORT_TOKENS = 16
+TREND_FRACTIONS = (1 / 64, 1 / 16, 1 / 8, 3 / 16)  # of the window: small enough for any pool
+BLIND_RATIO = 0.5  # the top prompt's TTFT under half the trend's prediction: it was not read
+READABLE_RATIO = 1.5  # the trend must predict clearly more time at the top than at the start
 MARGIN_TOKENS = 16  # room for the tokenizer scale's rounding
 
 
@@ -29,28 +33,32 @@ def check_over_length(s: ProbeSession, result: CheckResult) -> None:
         result.decide(FAIL, f"a prompt past the {s.context:,}-token window was answered 200")
         return
     top = s.scale.words_for(s.context - MAX_TOKENS - MARGIN_TOKENS)
-    short = s.scale.words_for(max(SHORT_TOKENS, s.context // 64))
-    ttft: dict[int, list[float]] = {top: [], short: []}
-    not_served = []
+    sizes = sorted({s.scale.words_for(max(8, int(s.context * f))) for f in TREND_FRACTIONS}) + [top]
+    ttft: dict[int, list[float]] = {w: [] for w in sizes}
+    statuses: list[int] = []
     for _ in range(REPEATS):
-        for words in (short, top):
+        for words in sizes:
             sent, obs = s.send(s.key_b, words, MAX_TOKENS)
             result.note(sent, obs.summary())
             if obs.status == HTTPStatus.OK:
                 ttft[words].append(obs.first_token_s)
-            else:
-                not_served.append(obs.status)
-    if not ttft[short]:
-        result.decide(INCOMPLETE, f"no short prompt was served (status {not_served[0]}): nothing to compare with")
+            statuses.append(obs.status)
+    trend = [(s.scale.tokens(w), fastest_ms(ttft[w])) for w in sizes[:-1] if ttft[w]]
+    if len(trend) < 2:
+        result.decide(INCOMPLETE, f"too few short prompts were served (statuses {sorted(set(statuses))}) to draw the trend")
         return
     if not ttft[top]:
-        result.decide(PASS, f"past the window refused; the top of the window never answered 200 (status {not_served[-1]})")
+        result.decide(PASS, "past the window refused; the top of the window never answered 200")
         return
-    t_top, t_short = median_ms(ttft[top]), median_ms(ttft[short])
-    result.note("(median time to first token)", f"{s.scale.tokens(top):,} tokens: {t_top:.1f} ms; "
-                                                f"{s.scale.tokens(short):,} tokens: {t_short:.1f} ms")
-    if t_top < BLIND_RATIO * t_short:
-        result.decide(FAIL, f"a {s.scale.tokens(top):,}-token prompt was answered 200 no slower than a "
-                            f"{s.scale.tokens(short):,}-token one: it was not read (answered 200 over-length)")
+    line = statistics.linear_regression([t for t, _ in trend], [ms for _, ms in trend])
+    tokens_top, measured = s.scale.tokens(top), fastest_ms(ttft[top])
+    predicted = line.intercept + line.slope * tokens_top
+    result.note("(fastest time to first token)", "; ".join(f"{t:,} tokens: {ms:.1f} ms" for t, ms in trend)
+                + f"; {tokens_top:,} tokens: {measured:.1f} ms (the trend predicts {predicted:.1f} ms)")
+    if predicted < READABLE_RATIO * trend[0][1]:
+        result.decide(PASS, "past the window refused; prefill is too fast here to tell a read prompt from an unread one")
+    elif measured < BLIND_RATIO * predicted:
+        result.decide(FAIL, f"a {tokens_top:,}-token prompt was answered 200 in less than half the time prefill needs: "
+                            "it was not read (answered 200 over-length)")
     else:
-        result.decide(PASS, "past the window refused; the longest prompt it accepts took longer to read than a short one")
+        result.decide(PASS, "past the window refused; the longest prompt it accepts took as long as prefill needs")

@@ -38,7 +38,9 @@ class ServerStartError(RuntimeError):
 class ServerProcess:
     """A `minikv serve` child process; a context manager that stops it with SIGTERM."""
 
-    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None,
+                 wait: bool = True) -> None:
+        """Start the server; with `wait`, return once it answers /health (else call wait_ready)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
@@ -50,7 +52,8 @@ class ServerProcess:
             [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args],
             stdout=self._output, stderr=subprocess.STDOUT, env=child_env,
         )
-        self.wait_ready()
+        if wait:
+            self.wait_ready()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -27,27 +27,29 @@ from minikv.serve.launch import ServerProcess  # noqa: E402
 MODEL = "tiny-llama"
 
 
-async def client(api: openai.AsyncOpenAI, index: int, count: int, latencies: list[float]) -> None:
+async def client(api: openai.AsyncOpenAI, index: int, count: int, latencies: list[float], wrong: list[str]) -> None:
     for i in range(count):
-        prompt = f"c{index:02d}: save pin {(index * 7919 + i) % 10**6:06d}.\n"
+        pin = f"{(index * 7919 + i * 104729) % 10**6:06d}"
         start = time.perf_counter()
-        r = await api.completions.create(model=MODEL, prompt=prompt, max_tokens=24)
+        r = await api.completions.create(model=MODEL, prompt=f"c{index:02d}: save pin {pin}.\n", max_tokens=24)
         latencies.append(time.perf_counter() - start)
-        assert r.choices[0].text == prompt.split(": save ")[1].join(["saved ", ""]).strip()
+        if r.choices[0].text != f"saved pin {pin}.":  # the model's own copying errors, counted, not hidden
+            wrong.append(f"{pin} -> {r.choices[0].text!r}")
 
 
 async def load(url: str, key: str, clients: int, requests: int) -> dict:
-    api = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0, timeout=120)
     latencies: list[float] = []
-    await client(api, 99, 2, [])  # warm-up, not timed
-    start = time.perf_counter()
-    per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
-    await asyncio.gather(*(client(api, i, n, latencies) for i, n in enumerate(per_client)))
-    wall = time.perf_counter() - start
+    wrong: list[str] = []
+    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0, timeout=120) as api:
+        await client(api, 99, 2, [], [])  # warm-up, not timed
+        start = time.perf_counter()
+        per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
+        await asyncio.gather(*(client(api, i, n, latencies, wrong) for i, n in enumerate(per_client)))
+        wall = time.perf_counter() - start
     q = statistics.quantiles(latencies, n=100)
     return {"clients": clients, "requests": len(latencies), "wall_s": round(wall, 2),
             "requests_per_s": round(len(latencies) / wall, 1), "p50_ms": round(1e3 * q[49], 1),
-            "p99_ms": round(1e3 * q[98], 1), "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "p99_ms": round(1e3 * q[98], 1), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main() -> int:

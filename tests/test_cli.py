@@ -27,7 +27,7 @@ def test_generate_json_contract():
     for r in responses:
         assert set(r) == {"status", "text", "usage", "ttft_s", "error"}
         assert r["status"] == 200 and r["error"] is None and isinstance(r["ttft_s"], float)
-        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens"}
+        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "cached_tokens"}
     assert responses[0]["text"] == "saved pin 0912."
 
 

@@ -144,8 +144,8 @@ assert refusal.status_code == 400 and refusal.body["code"] == "context_length_ex
 #
 # A customer cannot read the provider's startup log or its pools. What they have is the API and their own keys. `python -m minikv probe URL --key KEY_A --key KEY_B` uses exactly that, with two keys the user owns, and runs four checks, each printing what it sent, what came back and a verdict:
 #
-# 1. **canary**: key A saves a random canary; key B then sends long prompts (three quarters of the window, its top, and past it). Any 8 characters of the canary in B's reply is another tenant's data.
-# 2. **over-length**: a prompt past the advertised window must be refused; a prompt at the top of the window must take longer than a short one, because prefill reads every token. A top-of-window prompt answered as fast as a 16-token one was never read: it was answered 200 over-length.
+# 1. **canary**: key A saves a random canary; right after, key B sends long prompts (from three quarters of the window to its top, then past it). Any 8 characters of the canary in B's reply is another tenant's data.
+# 2. **over-length**: a prompt past the advertised window must be refused. And prefill reads every token, so time to first token grows with the prompt: the probe times short prompts (1/64 to 3/16 of the window), draws the line they follow, and a top-of-window prompt answered in less than half the time that line predicts was never read: it was answered 200 over-length.
 # 3. **prompt-token honesty**: `usage.prompt_tokens` matches what was sent (the probe measures the endpoint's tokens per word first), and time to first token does not fall as the prompt grows.
 # 4. **shared prefix cache**: Gu et al.'s audit (*Auditing Prompt Caching in Language Model APIs*, ICML 2025). Key A sends a random prompt; key B sends the same one and a fresh one of the same length; a two-sample Kolmogorov-Smirnov test (`scipy.stats.ks_2samp`) asks whether B's "hits" are faster. They are only if B read the cache A filled, a side channel that tells B what A sent. `usage.prompt_tokens_details.cached_tokens` says the same where the endpoint reports it.
 #

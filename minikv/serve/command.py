@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -37,23 +36,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
 
 
-def build_backend(args: argparse.Namespace, model, tokenizer):
-    """The Engine, or the Cluster with its switches; StartupRefused if startup_check says no."""
-    from minikv.config import EngineConfig
-    from minikv.disagg.cluster import Cluster, ClusterConfig
-    from minikv.disagg.switches import SafetySwitches
-    from minikv.engine import Engine
-
-    switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
-    context = {"context_len": args.context_len} if args.context_len else {}
-    if args.disagg:
-        return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches), switches
-    config = EngineConfig(num_pages=args.num_pages, event_log=False, **context)
-    if "cache_salt" in SafetySwitches.names():  # the single node takes the same switch (CONTRACT.md)
-        config = replace(config, cache_salt=switches.cache_salt)
-    return Engine(model, tokenizer, config), switches
-
-
 def run_serve(args: argparse.Namespace, load) -> int:
     """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
     import torch
@@ -61,36 +43,36 @@ def run_serve(args: argparse.Namespace, load) -> int:
 
     from minikv.checkpoint import default_model_dir
     from minikv.disagg.cluster import StartupRefused
+    from minikv.disagg.switches import SafetySwitches
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.auth import parse_api_keys
-    from minikv.serve.engine_loop import EngineLoop
+    from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")
     keys = parse_api_keys(args.api_key)
+    switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)  # before the slow load
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args.model, args.device)
     try:
-        backend, switches = build_backend(args, model, tokenizer)
+        loop = EngineLoop(build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages), tokenizer)
     except StartupRefused as e:
         raise ValueError(f"startup_check refused to start: {e}") from None
-    context_len = backend.config.context_len
     model_name = Path(args.model).name if args.model else default_model_dir().name
     try:
         gateway = GatewayLog(args.log)
     except OSError as e:
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
-    log = backend.startup_log()
-    for line in [log] if isinstance(log, str) else log:
+    for line in loop.startup_log():
         print(line)
     on = [n for n, v in switches.as_dict().items() if v]
     print(f"serving {model_name} ({'prefill/decode cluster' if args.disagg else 'one engine'}) on http://{args.host}:{args.port}; "
-          f"context window {context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""))
+          f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""))
     print(f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
           f"gateway log: {args.log or 'off'}", flush=True)
-    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
-    app = create_app(EngineLoop(backend, tokenizer), settings, gateway)
+    settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    app = create_app(loop, settings, gateway)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn takes these while it serves and, after its graceful

@@ -18,19 +18,38 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import Cluster
+from minikv.config import EngineConfig
+from minikv.disagg.cluster import Cluster, ClusterConfig
+from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
+from minikv.model import Llama
 from minikv.request import Request
 from minikv.response import Response
 from minikv.tokenizer import decode
 
 Backend = Engine | Cluster
 IDLE_WAIT_S = 0.05  # how long the idle loop waits for a request before looking again
+
+
+def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
+                  context_len: int | None, num_pages: int) -> Backend:
+    """The Engine, or the Cluster with its switches (StartupRefused if startup_check says no).
+
+    The event log is off: a server runs for days, and the notebooks' step-by-step record would grow
+    without end. The ownership audit stays on: /health reports the cross-tenant reads it saw.
+    """
+    context = {"context_len": context_len} if context_len else {}
+    if disagg:
+        return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
+    config = EngineConfig(num_pages=num_pages, event_log=False, **context)
+    if "cache_salt" in SafetySwitches.names():  # the single node takes the same switch (CONTRACT.md)
+        config = replace(config, cache_salt=switches.cache_salt)
+    return Engine(model, tokenizer, config)
 
 
 @dataclass(frozen=True)
@@ -86,6 +105,16 @@ class EngineLoop:
         self.steps = 0
 
     # -- any thread -------------------------------------------------------------------------------
+    @property
+    def context_len(self) -> int:
+        """The advertised window: what /v1/models reports as max_model_len."""
+        return self.backend.config.context_len
+
+    def startup_log(self) -> list[str]:
+        """Each pool next to the context window, one line per node."""
+        log = self.backend.startup_log()
+        return [log] if isinstance(log, str) else list(log)
+
     def start(self) -> None:
         self._refresh_stats()
         self._thread.start()

@@ -87,6 +87,15 @@ def test_streamed_completion_matches_whole(server):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+@pytest.mark.parametrize("prompt", ["t00: save pin 31.\n", "q w e r t y\n"])  # the second ends at once, empty
+def test_each_streamed_call_is_logged_once(server, prompt):
+    """A streamed call, with text or without any, is one gateway-log row under its id."""
+    chunks = list(client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=20, stream=True))
+    rows = [r for r in iter_log(server.log) if isinstance(r, GatewayRecord) and r.request_id == chunks[0].id]
+    assert len(rows) == 1 and rows[0].status == 200
+    assert rows[0].response_text == "".join(ch.choices[0].text for ch in chunks if ch.choices)
+
+
 def test_streamed_chat(server):
     """Streamed chat: role first, content deltas, a finish reason."""
     chunks = list(client(server).chat.completions.create(

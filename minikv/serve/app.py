@@ -126,30 +126,19 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
         ticket = Ticket(request, body.stop_strings(), asyncio.get_running_loop())
         loop.submit(ticket)
         first = await next_update(ticket, http)
-        if first is None:  # the client left before anything came back
+        if not body.stream and isinstance(first, str):
+            first = await whole_outcome(ticket, http)
+        if first is None:  # the client left before the reply was ready
             loop.cancel(ticket)
-            gateway.write(call.record(settings.model_name, 499, 0, None, ""))
+            gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, ticket.first_token_s, ""))
             return Response(status_code=499)
-        if isinstance(first, Outcome):
+        if isinstance(first, Outcome) and (first.status != HTTPStatus.OK or not body.stream):
             call.prompt_tokens = first.prompt_tokens
             gateway.write(call.record(settings.model_name, first.status, first.completion_tokens, first.ttft_s, first.text))
             if first.status != HTTPStatus.OK:
                 return engine_refusal(first.status, first.error or "", first.prompt_tokens).response()
-            if not body.stream:
-                usage = usage_body(first.prompt_tokens, first.completion_tokens, first.cached_tokens)
-                return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
-        if not body.stream:
-            outcome = await whole_outcome(ticket, http)
-            if outcome is None:
-                loop.cancel(ticket)
-                gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, ticket.first_token_s, ""))
-                return Response(status_code=499)
-            call.prompt_tokens = outcome.prompt_tokens
-            gateway.write(call.record(settings.model_name, outcome.status, outcome.completion_tokens, outcome.ttft_s, outcome.text))
-            if outcome.status != HTTPStatus.OK:
-                return engine_refusal(outcome.status, outcome.error or "", outcome.prompt_tokens).response()
-            usage = usage_body(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-            return JSONResponse(completion_body(call.api_id, settings.model_name, chat, outcome.text, outcome.finish_reason, usage))
+            usage = usage_body(first.prompt_tokens, first.completion_tokens, first.cached_tokens)
+            return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
         events = stream_events(ticket, first, call, body, settings.model_name, loop, gateway)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -108,3 +108,50 @@ def test_exit_status():
     assert exit_status([r(PASS), r(PASS)]) == 0
     assert exit_status([r(PASS), r(INCOMPLETE)]) == 2
     assert exit_status([r(INCOMPLETE), r(FAIL)]) == 1
+
+
+# --- the prefix-cache audit against a simulated endpoint ---------------------------------------------
+
+def simulated_endpoint(shared: bool, report_cached: bool):
+    """An httpx transport playing an endpoint with a prefix cache: a cached prompt skips prefill time."""
+    import time
+
+    import httpx
+
+    seen: set[tuple[str, str]] = set()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/models"):
+            return httpx.Response(200, json={"data": [{"id": "sim", "max_model_len": 1024}]})
+        body = json.loads(request.content)
+        owner = "" if shared else request.headers["authorization"]
+        hit = (owner, body["prompt"]) in seen
+        seen.add((owner, body["prompt"]))
+        tokens = len(body["prompt"])
+        time.sleep(0.002 + (0 if hit else 0.00004 * tokens))  # prefill: 40 us a token, skipped on a hit
+        usage = {"prompt_tokens": tokens, "completion_tokens": 1,
+                 **({"prompt_tokens_details": {"cached_tokens": tokens if hit else 0}} if report_cached else {})}
+        events = [{"choices": [{"text": "x"}]}, {"choices": [], "usage": usage}]
+        return httpx.Response(200, text="".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n")
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize("shared,report_cached,verdict", [
+    (True, True, FAIL), (True, False, FAIL), (False, True, PASS), (False, False, PASS),
+])
+def test_prefix_audit_tells_shared_from_per_key_caches(shared, report_cached, verdict):
+    """Gu et al.'s audit: a cache shared across keys fails (by timing alone too); a per-key cache passes."""
+    from minikv.probe.client import ProbeClient
+    from minikv.probe.prefix_cache import check_prefix_cache
+    from minikv.probe.session import ProbeSession, calibrate
+
+    client = ProbeClient("http://sim", 200, 120, transport=simulated_endpoint(shared, report_cached))
+    client.model = "sim"
+    rng = random.Random(0)
+    session = ProbeSession(client, KEY_A, KEY_B, 1024, calibrate(client, KEY_A, rng), rng)
+    result = CheckResult("shared prefix cache")
+    check_prefix_cache(session, result, rounds=12)
+    assert result.verdict == verdict, result.format()
+    if verdict == PASS:
+        assert "per key" in result.reason

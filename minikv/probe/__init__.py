@@ -10,5 +10,6 @@ run against minikv, a vLLM or SGLang server, or a hosted provider.
     honesty.py       usage.prompt_tokens matches what was sent; time to first token grows with it
     canary.py        key A's random canary never comes back to key B
     prefix_cache.py  is the prefix cache shared across keys? timing (KS test) and cached_tokens
+    run.py           a session on the endpoint, the checks in order, the report
     command.py       the command line
 """

@@ -22,7 +22,7 @@ import openai
 from minikv.disagg.cluster import ClusterConfig, startup_problem
 from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
-from minikv.probe.command import probe_endpoint
+from minikv.probe.run import probe_endpoint
 from minikv.serve.launch import ServerProcess
 from minikv.workload import long_document_prompt
 

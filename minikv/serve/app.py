@@ -231,6 +231,8 @@ async def stream_events(ticket: Ticket, first: str | Outcome, call: Call, body: 
         while True:
             if isinstance(item, Outcome):
                 outcome = item
+                call.prompt_tokens = outcome.prompt_tokens  # logged before the last event goes out
+                gateway.write(call.record(model, outcome.status, outcome.completion_tokens, outcome.ttft_s, outcome.text))
                 break
             yield sse(chunk_body(call.api_id, model, call.chat, created, item, first=not sent))
             sent.append(item)
@@ -247,6 +249,3 @@ async def stream_events(ticket: Ticket, first: str | Outcome, call: Call, body: 
         if outcome is None:  # the client went away mid-stream
             loop.cancel(ticket)
             gateway.write(call.record(model, 499, ticket.tokens_seen, ticket.first_token_s, "".join(sent)))
-        else:
-            call.prompt_tokens = outcome.prompt_tokens
-            gateway.write(call.record(model, outcome.status, outcome.completion_tokens, outcome.ttft_s, outcome.text))

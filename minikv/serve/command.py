@@ -36,25 +36,30 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
 
 
-def run_serve(args: argparse.Namespace, load) -> int:
-    """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
-    import torch
+def check_args(args: argparse.Namespace):
+    """Keys and switches, checked before the slow model load: ({key: tenant}, SafetySwitches)."""
+    from minikv.disagg.switches import SafetySwitches
+    from minikv.serve.auth import parse_api_keys
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0-65535, got {args.port}")
+    return parse_api_keys(args.api_key), SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+
+
+def build_server(args: argparse.Namespace, model, tokenizer):
+    """The uvicorn server for `args` over a loaded model, and its startup log lines.
+
+    ValueError with one line when it must not start (startup_check, an unwritable log, ...).
+    """
     import uvicorn
 
     from minikv.checkpoint import default_model_dir
     from minikv.disagg.cluster import StartupRefused
-    from minikv.disagg.switches import SafetySwitches
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
-    from minikv.serve.auth import parse_api_keys
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
 
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be 0-65535, got {args.port}")
-    keys = parse_api_keys(args.api_key)
-    switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)  # before the slow load
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load(args.model, args.device)
+    keys, switches = check_args(args)
     try:
         loop = EngineLoop(build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages), tokenizer)
     except StartupRefused as e:
@@ -64,21 +69,32 @@ def run_serve(args: argparse.Namespace, load) -> int:
         gateway = GatewayLog(args.log)
     except OSError as e:
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
-    for line in loop.startup_log():
-        print(line)
     on = [n for n, v in switches.as_dict().items() if v]
-    print(f"serving {model_name} ({'prefill/decode cluster' if args.disagg else 'one engine'}) on http://{args.host}:{args.port}; "
-          f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""))
-    print(f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
-          f"gateway log: {args.log or 'off'}", flush=True)
+    lines = loop.startup_log() + [
+        f"serving {model_name} ({'prefill/decode cluster' if args.disagg else 'one engine'}) on http://{args.host}:{args.port}; "
+        f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
+        f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
+        f"gateway log: {args.log or 'off'}",
+    ]
     settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
-    app = create_app(loop, settings, gateway)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    return uvicorn.Server(config), lines
+
+
+def run_serve(args: argparse.Namespace, load) -> int:
+    """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
+    import torch
+
+    check_args(args)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load(args.model, args.device)
+    server, lines = build_server(args, model, tokenizer)
+    print("\n".join(lines), flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn takes these while it serves and, after its graceful
         signal.signal(sig, lambda *_: None)      # shutdown, raises them again: land here and exit 0
     try:
-        uvicorn.Server(config).run()
+        server.run()
     except SystemExit:  # uvicorn exits when it cannot bind the port, after logging why
         print(f"error: could not serve on {args.host}:{args.port}", file=sys.stderr)
         return 2

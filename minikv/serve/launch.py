@@ -1,7 +1,8 @@
-"""Start `python -m minikv serve` in a child process on a free loopback port, and stop it cleanly.
+"""Start `minikv serve` on a free loopback port and stop it cleanly: as a child process, or on a thread.
 
-Notebook 10, the tests and the load script all use this, so a server is always started and
-stopped the same way a person would start it in a terminal:
+`ServerProcess` runs `python -m minikv serve ARGS` exactly as a terminal would (the tests and the
+load script use it). `ServerThread` runs the same uvicorn server on a thread of this process over a
+model already loaded, so a notebook pays for torch and the model once (notebook 10 uses it).
 
     with ServerProcess(["--disagg", "--preset", "vulnerable", "--api-key", "alice=sk-alice"]) as server:
         openai.OpenAI(base_url=server.base_url, api_key="sk-alice") ...
@@ -9,12 +10,14 @@ stopped the same way a person would start it in a terminal:
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,9 +41,8 @@ class ServerStartError(RuntimeError):
 class ServerProcess:
     """A `minikv serve` child process; a context manager that stops it with SIGTERM."""
 
-    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None,
-                 wait: bool = True) -> None:
-        """Start the server; with `wait`, return once it answers /health (else call wait_ready)."""
+    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None) -> None:
+        """Start the server and return once it answers /health."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
@@ -52,8 +54,7 @@ class ServerProcess:
             [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args],
             stdout=self._output, stderr=subprocess.STDOUT, env=child_env,
         )
-        if wait:
-            self.wait_ready()
+        self.wait_ready()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -90,6 +91,43 @@ class ServerProcess:
         return self.process.returncode
 
     def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerThread:
+    """`minikv serve ARGS` on a thread of this process, over an already loaded model and tokenizer."""
+
+    def __init__(self, args: list[str], model, tokenizer, port: int | None = None) -> None:
+        from minikv.cli import positive_int
+        from minikv.serve.command import add_serve_arguments, build_server
+
+        parser = argparse.ArgumentParser(prog="minikv serve")
+        add_serve_arguments(parser, positive_int)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = self.url + "/v1"
+        self.server, self.startup_log = build_server(parser.parse_args(["--port", str(self.port), *args]), model, tokenizer)
+        self.thread = threading.Thread(target=self.server.run, name=f"minikv-serve-{self.port}", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise ServerStartError(f"the server on {self.url} did not start")
+            time.sleep(0.05)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5.0).json()
+
+    def stop(self) -> int:
+        """What SIGTERM does to the process: stop accepting, finish what is in flight, end the loop."""
+        self.server.should_exit = True
+        self.thread.join(STOP_TIMEOUT_S)
+        return 0 if not self.thread.is_alive() else 1
+
+    def __enter__(self) -> "ServerThread":
         return self
 
     def __exit__(self, *exc) -> None:

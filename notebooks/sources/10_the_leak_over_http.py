@@ -9,7 +9,7 @@
 # - to check any OpenAI-compatible endpoint from the outside with `python -m minikv probe`: over-length prompts, honest token counts, a canary between two keys, and Gu et al.'s audit for a prefix cache shared across keys;
 # - what a customer can run against a provider, and what an operator can run against their own deployment.
 #
-# Everything below goes over real sockets: the server is a child process, started and stopped by this notebook, exactly as `python -m minikv serve` runs in a terminal. Sizes are notebook 05's, the incident scaled by 1/1024: an advertised window of 1,024 tokens over a prefill pool of 672.
+# Everything below goes over real sockets. The servers are the uvicorn servers `python -m minikv serve` runs in a terminal, started on threads of this notebook's kernel so that the model is loaded once (`ServerThread`; `ServerProcess` starts the same command as a child process, as the tests do), and stopped at the end. Sizes are notebook 05's, the incident scaled by 1/1024: an advertised window of 1,024 tokens over a prefill pool of 672.
 
 # %%
 import json
@@ -23,16 +23,17 @@ from minikv.disagg.cluster import ClusterConfig, startup_problem
 from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
 from minikv.probe.run import probe_endpoint
-from minikv.serve.launch import ServerProcess
+from minikv.checkpoint import load_model
+from minikv.serve.launch import ServerThread
 from minikv.workload import long_document_prompt
 
 KEYS = {"alice": "sk-alice-7f3a9c", "bob": "sk-bob-2e81d4"}
 KEY_ARGS = [a for tenant, key in KEYS.items() for a in ("--api-key", f"{tenant}={key}")]
 workdir = Path(tempfile.mkdtemp(prefix="minikv-nb10-"))
 vulnerable_log = workdir / "vulnerable-gateway.jsonl"
-safe = ServerProcess(["--disagg", "--preset", "safe", "--context-len", "672", *KEY_ARGS], wait=False)  # for later
-vulnerable = ServerProcess(["--disagg", "--preset", "vulnerable", *KEY_ARGS, "--log", str(vulnerable_log)])
-print("\n".join(line for line in vulnerable.output().splitlines() if line.startswith("[")))
+model, tok = load_model()
+vulnerable = ServerThread(["--disagg", "--preset", "vulnerable", *KEY_ARGS, "--log", str(vulnerable_log)], model, tok)
+print("\n".join(line for line in vulnerable.startup_log if line.startswith("[")))
 
 # %% [markdown]
 # ## The server
@@ -125,10 +126,10 @@ print(problem)
 assert "1024" in problem and "672" in problem
 
 # %% [markdown]
-# Following its advice, the window comes down to the pool: `--context-len 672` (this server has been starting since the first cell). Now Bob's document is refused at the door, a **400** in OpenAI's error shape with code `context_length_exceeded` and both numbers; the official client raises `BadRequestError`.
+# Following its advice, the window comes down to the pool: `--context-len 672`. Now Bob's document is refused at the door, a **400** in OpenAI's error shape with code `context_length_exceeded` and both numbers; the official client raises `BadRequestError`.
 
 # %%
-safe.wait_ready()  # started in the first cell, alongside the vulnerable one
+safe = ServerThread(["--disagg", "--preset", "safe", "--context-len", "672", *KEY_ARGS], model, tok)
 alice_safe = openai.OpenAI(base_url=safe.base_url, api_key=KEYS["alice"])
 bob_safe = openai.OpenAI(base_url=safe.base_url, api_key=KEYS["bob"])
 alice_safe.chat.completions.create(model=card.id, messages=[{"role": "user", "content": f"alice: save card {CARD}."}])
@@ -192,7 +193,9 @@ for check in reports["vulnerable"].results[:2]:
 # python -m minikv probe http://127.0.0.1:8000 --key sk-alice-7f3a9c --key sk-bob-2e81d4
 # ```
 #
-# Both servers stop here (SIGTERM, as Ctrl-C would): each finishes what is in flight, and exits.
+# Both servers stop here, as Ctrl-C stops them in a terminal: each finishes what is in flight, and its engine loop ends.
 
 # %%
-print("exit status:", vulnerable.stop(), safe.stop())
+for c in (alice, bob, alice_safe, bob_safe):
+    c.close()
+print("stopped:", vulnerable.stop(), safe.stop())

@@ -99,22 +99,22 @@ print(secret_shaped)
 assert secret_shaped == {"alice": ["card_number"], "bob": ["card_number"]}
 
 # %% [markdown]
-# The other signal is time. Bob's 800 tokens came back as fast as a short prompt does. To set the ceiling from this server's own traffic, as notebook 08 advises, Alice sends an honest long-ish prompt (200 tokens, well inside every pool) and we read both implied prefill rates from the log:
+# The other signal is time. Bob's 800 tokens came back as fast as a short prompt does. To set the ceiling from this server's own traffic, as notebook 08 advises, Alice sends three honest long-ish prompts (240 tokens, well inside every pool) and we read the implied prefill rates from the log:
 
 # %%
-honest = alice.completions.create(model=card.id, prompt=long_document_prompt("alice", 200, random.Random(1)), max_tokens=8)
+honest = [alice.completions.create(model=card.id, prompt=long_document_prompt("alice", 240, random.Random(i)), max_tokens=8)
+          for i in range(3)]
 rows = {r.request_id: r for r in iter_log(vulnerable_log) if isinstance(r, GatewayRecord)}
-honest_rate, bob_rate = implied_prefill_rate(rows[honest.id]), implied_prefill_rate(rows[reply.id])
-ceiling = 3 * honest_rate
+ceiling = 1.5 * max(implied_prefill_rate(rows[h.id]) for h in honest)  # a margin over the fastest honest call
 flagged = {f.record.request_id: f.reasons for f in scan_log(vulnerable_log, signals=Signals(max_prefill_tokens_per_s=ceiling)).flags}
-print(f"alice's 200 tokens: {rows[honest.id].ttft_ms:.1f} ms; bob's 800 tokens: {rows[reply.id].ttft_ms:.1f} ms")
+print("alice's 240 tokens:", ", ".join(f"{rows[h.id].ttft_ms:.1f} ms" for h in honest), f"; bob's 800 tokens: {rows[reply.id].ttft_ms:.1f} ms")
 
 # %%
 print("bob's call flagged:", flagged[reply.id])
-assert flagged[reply.id] == ["ttft_anomaly", "card_number"] and honest.id not in flagged
+assert flagged[reply.id] == ["ttft_anomaly", "card_number"] and not any(h.id in flagged for h in honest)
 
 # %% [markdown]
-# With the ceiling at three times this server's honest rate, `scan-logs` flags Bob's call on both signals, and not Alice's honest one. From a terminal: `python -m minikv scan-logs gateway.jsonl --max-prefill-rate N`.
+# With the ceiling at one and a half times this server's fastest honest rate, `scan-logs` flags Bob's call on both signals, and none of Alice's honest ones. From a terminal: `python -m minikv scan-logs gateway.jsonl --max-prefill-rate N`.
 #
 # ## The safe server
 #

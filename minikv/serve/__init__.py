@@ -7,4 +7,5 @@
     engine_loop.py  the one thread that owns the engine and steps it for every connection
     gateway.py      the gateway log, one JSON line per call, in the schema `scan-logs` reads
     command.py      the command line: build the engine or the cluster, start uvicorn, stop cleanly
+    launch.py       a server on a free port, as a child process or on a thread (tests, notebook 10)
 """

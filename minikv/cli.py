@@ -8,6 +8,8 @@
     bench       minikv against transformers on the same workload
     scan-logs   the customer checklist over a gateway log
     make-logs   write a synthetic gateway log
+    serve       an OpenAI-compatible HTTP server over the engine or the cluster
+    probe       a black-box isolation check of any OpenAI-compatible endpoint
 
 Bad input ends with a one-line message naming the problem (exit 2), never a traceback.
 """
@@ -167,6 +169,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_command(model, tok, args)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from minikv.serve.command import run_serve
+
+    return run_serve(args, load)
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from minikv.probe.command import run_probe
+
+    return run_probe(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minikv", description="a small paged-KV inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -227,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-logs", help="write a synthetic gateway log")
     gateway_log.add_make_logs_arguments(p)
     p.set_defaults(func=gateway_log.run_make_logs)
+
+    from minikv.probe.command import add_probe_arguments
+    from minikv.serve.command import add_serve_arguments
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine or the cluster")
+    add_serve_arguments(p, positive_int)
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("probe", help="black-box isolation checks of an OpenAI-compatible endpoint")
+    add_probe_arguments(p, positive_int)
+    p.set_defaults(func=cmd_probe)
     return parser
 
 

@@ -108,6 +108,11 @@ class Engine(FrontDoor):
         self._end(seq, CLIENT_CLOSED_REQUEST, "cancelled by the client")
         return True
 
+    def output_ids(self, request_id: str) -> list[int]:
+        """Tokens generated so far for a request still being served; [] otherwise."""
+        seq = self.seqs.get(request_id)
+        return list(seq.output_ids) if seq is not None else []
+
     # -- one step -------------------------------------------------------------------------
     def _busy(self) -> bool:
         return self.scheduler.has_work()

@@ -55,6 +55,10 @@ class FrontDoor(ABC):
         """The client went away: end the request now (499). False if it was not being served."""
 
     @abstractmethod
+    def output_ids(self, request_id: str) -> list[int]:
+        """Tokens generated so far for a request still being served (what a server streams); [] otherwise."""
+
+    @abstractmethod
     def _advance(self) -> None:
         """One step of the server; answers land in the outbox through `_answer`."""
 

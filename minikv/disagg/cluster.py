@@ -184,6 +184,10 @@ class Cluster(FrontDoor):
             self.log.add(Event(self.tick, "door", "cancel", request_id, self._tenant_of[request_id], (), "client cancelled"))
         return any(found)
 
+    def output_ids(self, request_id: str) -> list[int]:
+        """Tokens generated so far for a request still being served (decode generates them); [] otherwise."""
+        return self.decode.output_ids(request_id)
+
     # -- the clock -----------------------------------------------------------------------------
     def _busy(self) -> bool:
         return bool(self.prefill.live() or self.decode.live() or self.manager.posted)

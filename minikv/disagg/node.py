@@ -29,6 +29,14 @@ class Node:
         """Ids of the requests this node still holds."""
         return (seq.request_id for q in self.queues() for seq in q)
 
+    def output_ids(self, request_id: str) -> list[int]:
+        """Tokens generated so far for a request this node holds; [] if it holds none."""
+        for q in self.queues():
+            for seq in q:
+                if seq.request_id == request_id:
+                    return list(seq.output_ids)
+        return []
+
     def live(self) -> int:
         return sum(len(q) for q in self.queues())
 

@@ -1,0 +1,50 @@
+"""`python -m minikv probe URL --key KEY_A --key KEY_B [--model M] [--context N] [--json]`.
+
+Runs the four checks in order and prints, for each, what it sent, what came back and a verdict.
+Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a
+check could not finish inside the budget). It never sends more than `--budget` requests or
+runs past `--time-limit` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_BUDGET = 200
+DEFAULT_TIME_LIMIT_S = 300.0
+DEFAULT_ROUNDS = 20
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    parser.add_argument("url", metavar="URL", help="the endpoint, e.g. http://127.0.0.1:8000 (or .../v1)")
+    parser.add_argument("--key", action="append", default=[], metavar="KEY", help="an API key you own; give exactly two (A, then B)")
+    parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    parser.add_argument("--context", type=positive_int, help="the advertised context window in tokens (default: max_model_len from /v1/models)")
+    parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="most requests to send (default %(default)s)")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS", help="stop after this long (default %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, help="rounds of the prefix-cache audit, 4 requests each (default %(default)s)")
+    parser.add_argument("--seed", type=int, help="seed for the random prompts and canaries (default: fresh each run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    """The command: print each check as it finishes (or one JSON object); the exit status."""
+    if len(args.key) != 2 or args.key[0] == args.key[1]:
+        print("error: give two different keys you own: --key KEY_A --key KEY_B", file=sys.stderr)
+        return 2
+    if not args.time_limit > 0:
+        print(f"error: --time-limit must be above 0, got {args.time_limit}", file=sys.stderr)
+        return 2
+    from minikv.probe.run import CannotProbe, probe_endpoint  # scipy and httpx: only when the probe runs
+
+    show = None if args.json else (lambda r: print(r.format(), flush=True))
+    try:
+        report = probe_endpoint(args.url, *args.key, model=args.model, context=args.context, budget=args.budget,
+                                time_limit_s=args.time_limit, rounds=args.rounds, seed=args.seed, on_result=show)
+    except CannotProbe as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
+    return report.status

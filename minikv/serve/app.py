@@ -1,0 +1,251 @@
+"""The HTTP routes, OpenAI-compatible, as vLLM and SGLang serve them.
+
+    POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
+    POST /v1/chat/completions    "stream", "stream_options", "cache_salt"} or "messages" instead of "prompt"
+    GET  /v1/models             the one model, with its context window as `max_model_len`
+    GET  /health                pool occupancy and live requests (no key needed)
+
+Every call, served or refused, is written to the gateway log. A bad request ends itself with an
+error in OpenAI's shape; nothing a client sends can stop the engine loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minikv.request import Request
+from minikv.serve.auth import tenant_for
+from minikv.serve.engine_loop import EngineLoop, Outcome, Ticket
+from minikv.serve.errors import APIError, engine_refusal
+from minikv.serve.gateway import CallRecord, GatewayLog
+from minikv.serve.schemas import (
+    MAX_STOP_STRINGS, ChatBody, CompletionBody, SamplingFields, chat_prompt, chunk_body, completion_body,
+    completion_prompt, to_request, usage_body,
+)
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a thousand times the shipped model's context window
+DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
+DEFAULT_CHAT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the routes need to know besides the engine loop."""
+
+    model_name: str
+    context_len: int  # advertised as max_model_len
+    api_keys: dict[str, str]  # key -> tenant; empty: everyone is tenant "anon"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass
+class Call:
+    """One completion call as the gateway records it."""
+
+    api_id: str
+    arrived: datetime
+    arrived_s: float
+    chat: bool
+    account: str = "-"  # until the key is known
+    prompt_tokens: int = 0
+
+    def record(self, model: str, status: int, completion_tokens: int, ttft_s: float | None, text: str) -> CallRecord:
+        ttft_ms = 1000 * (ttft_s if ttft_s is not None else time.perf_counter() - self.arrived_s)
+        return CallRecord(self.arrived, self.api_id, self.account, model, self.prompt_tokens,
+                          completion_tokens, ttft_ms, status, text)
+
+
+def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) -> FastAPI:
+    """The FastAPI app around a started-or-not engine loop; the app's lifespan starts and stops it."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        loop.start()
+        try:
+            yield
+        finally:
+            loop.stop()
+            gateway.close()
+
+    app = FastAPI(title="minikv", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: HTTPRequest, e: APIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: HTTPRequest, e: StarletteHTTPException) -> JSONResponse:
+        return APIError(HTTPStatus(e.status_code), str(e.detail), None).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: HTTPRequest, e: Exception) -> JSONResponse:
+        return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}", "internal_error").response()
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": settings.model_name, **loop.stats()}
+
+    @app.get("/v1/models")
+    async def models(http: HTTPRequest) -> dict:
+        tenant_for(http.headers.get("authorization"), settings.api_keys)
+        card = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "minikv",
+                "max_model_len": settings.context_len}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest) -> Response:
+        return await serve_call(http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest) -> Response:
+        return await serve_call(http, chat=True)
+
+    async def serve_call(http: HTTPRequest, chat: bool) -> Response:
+        call = Call(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", datetime.now(timezone.utc),
+                    time.perf_counter(), chat)
+        try:
+            call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
+            body = parse_body(await read_body(http, settings.max_body_bytes), ChatBody if chat else CompletionBody)
+            request = engine_request(body, call.account, settings)
+        except APIError as e:
+            gateway.write(call.record(settings.model_name, e.status, 0, None, ""))
+            return e.response()
+        ticket = Ticket(request, body.stop_strings(), asyncio.get_running_loop())
+        loop.submit(ticket)
+        first = await next_update(ticket, http)
+        if not body.stream and isinstance(first, str):
+            first = await whole_outcome(ticket, http)
+        if first is None:  # the client left before the reply was ready
+            loop.cancel(ticket)
+            gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, ticket.first_token_s, ""))
+            return Response(status_code=499)
+        if isinstance(first, Outcome) and (first.status != HTTPStatus.OK or not body.stream):
+            call.prompt_tokens = first.prompt_tokens
+            gateway.write(call.record(settings.model_name, first.status, first.completion_tokens, first.ttft_s, first.text))
+            if first.status != HTTPStatus.OK:
+                return engine_refusal(first.status, first.error or "", first.prompt_tokens).response()
+            usage = usage_body(first.prompt_tokens, first.completion_tokens, first.cached_tokens)
+            return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
+        events = stream_events(ticket, first, call, body, settings.model_name, loop, gateway)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The request body, or 413 as soon as it passes `limit` bytes (declared or actually sent)."""
+    declared = http.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body of {int(declared):,} bytes exceeds the limit of {limit:,} bytes",
+                       "request_too_large")
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the limit of {limit:,} bytes", "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, schema: type[BaseModel]) -> SamplingFields:
+    """JSON -> the endpoint's schema, or a 400 naming the first problem and its field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        detail = f": {e.msg} (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise APIError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON{detail}", "invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, not {type(data).__name__}", "invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{where or 'body'}: {first['msg']}", "invalid_type",
+                       str(first["loc"][0]) if first["loc"] else None) from None
+
+
+def engine_request(body: SamplingFields, tenant: str, settings: ServerSettings) -> Request:
+    """Checks the engine cannot make (which model, how many choices, how many stops), then the Request."""
+    if body.model != settings.model_name:
+        raise APIError(HTTPStatus.NOT_FOUND, f"the model {body.model[:100]!r} does not exist; this server serves "
+                       f"{settings.model_name!r}", "model_not_found", "model")
+    if body.n != 1:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"n must be 1 (one choice per request), got {body.n}", "invalid_value", "n")
+    if len(body.stop_strings()) > MAX_STOP_STRINGS:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"stop takes at most {MAX_STOP_STRINGS} strings", "invalid_value", "stop")
+    if isinstance(body, ChatBody):
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        return to_request(body, chat_prompt(body.messages), tenant, DEFAULT_CHAT_MAX_TOKENS if max_tokens is None else max_tokens)
+    prompt = completion_prompt(body)
+    if prompt is None:
+        raise APIError(HTTPStatus.BAD_REQUEST, "prompt must be one string (batches of prompts are not served)", "invalid_value", "prompt")
+    return to_request(body, prompt, tenant, body.max_tokens)
+
+
+async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Outcome | None:
+    """The next text delta or the Outcome; None if the client left (the caller cancels the request)."""
+    while True:
+        try:
+            return await asyncio.wait_for(ticket.updates.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await http.is_disconnected():
+                return None
+
+
+async def whole_outcome(ticket: Ticket, http: HTTPRequest) -> Outcome | None:
+    """Wait for the Outcome, skipping text deltas; None if the client left."""
+    while True:
+        item = await next_update(ticket, http)
+        if item is None or isinstance(item, Outcome):
+            return item
+
+
+def sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+async def stream_events(ticket: Ticket, first: str | Outcome, call: Call, body: SamplingFields, model: str,
+                        loop: EngineLoop, gateway: GatewayLog) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per text delta, the finish reason, usage if asked, [DONE].
+
+    If the client disconnects, Starlette cancels this generator: the `finally` cancels the
+    engine request, so its pages are freed at the next step.
+    """
+    created, sent, outcome = int(time.time()), [], None
+    item: str | Outcome = first
+    try:
+        while True:
+            if isinstance(item, Outcome):
+                outcome = item
+                call.prompt_tokens = outcome.prompt_tokens  # logged before the last event goes out
+                gateway.write(call.record(model, outcome.status, outcome.completion_tokens, outcome.ttft_s, outcome.text))
+                break
+            yield sse(chunk_body(call.api_id, model, call.chat, created, item, first=not sent))
+            sent.append(item)
+            item = await ticket.updates.get()
+        if outcome.status != HTTPStatus.OK:  # failed after the first token: an error event, as vLLM sends
+            yield sse(engine_refusal(outcome.status, outcome.error or "", outcome.prompt_tokens).body())
+        else:
+            yield sse(chunk_body(call.api_id, model, call.chat, created, "", outcome.finish_reason, first=not sent))
+            if body.include_usage():
+                usage = usage_body(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+                yield sse(chunk_body(call.api_id, model, call.chat, created, None, usage=usage))
+        yield sse("[DONE]")
+    finally:
+        if outcome is None:  # the client went away mid-stream
+            loop.cancel(ticket)
+            gateway.write(call.record(model, 499, ticket.tokens_seen, ticket.first_token_s, "".join(sent)))

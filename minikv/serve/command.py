@@ -1,0 +1,102 @@
+"""`python -m minikv serve`: load the model, build one engine (or the prefill/decode cluster), serve.
+
+    python -m minikv serve --api-key alice=sk-alice --api-key bob=sk-bob --log gateway.jsonl
+    python -m minikv serve --disagg --preset vulnerable ...    # the incident's configuration
+    python -m minikv serve --disagg --preset safe --context-len 672 ...
+
+uvicorn handles SIGINT and SIGTERM: it stops accepting connections, lets the requests in flight
+finish (up to a grace period), then the engine loop answers whatever is left and ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+GRACEFUL_SHUTDOWN_S = 5
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
+    parser.add_argument("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
+    parser.add_argument("--preset", default="safe", choices=["vulnerable", "safe"], help="safety switches (default %(default)s)")
+    parser.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
+    parser.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
+    parser.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
+                        help="a bearer key and the tenant it stands for (repeatable); none: everyone is tenant 'anon'")
+    parser.add_argument("--log", metavar="FILE", help="append the gateway log (JSON Lines, the scan-logs schema) to FILE")
+    parser.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    parser.add_argument("--context-len", type=positive_int, help="context window in tokens (default 1024)")
+    parser.add_argument("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
+    parser.add_argument("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
+
+
+def check_args(args: argparse.Namespace):
+    """Keys and switches, checked before the slow model load: ({key: tenant}, SafetySwitches)."""
+    from minikv.disagg.switches import SafetySwitches
+    from minikv.serve.auth import parse_api_keys
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0-65535, got {args.port}")
+    return parse_api_keys(args.api_key), SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+
+
+def build_server(args: argparse.Namespace, model, tokenizer):
+    """The uvicorn server for `args` over a loaded model, and its startup log lines.
+
+    ValueError with one line when it must not start (startup_check, an unwritable log, ...).
+    """
+    import uvicorn
+
+    from minikv.checkpoint import default_model_dir
+    from minikv.disagg.cluster import StartupRefused
+    from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
+    from minikv.serve.engine_loop import EngineLoop, build_backend
+    from minikv.serve.gateway import GatewayLog
+
+    keys, switches = check_args(args)
+    try:
+        loop = EngineLoop(build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages), tokenizer)
+    except StartupRefused as e:
+        raise ValueError(f"startup_check refused to start: {e}") from None
+    model_name = Path(args.model).name if args.model else default_model_dir().name
+    try:
+        gateway = GatewayLog(args.log)
+    except OSError as e:
+        raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
+    on = [n for n, v in switches.as_dict().items() if v]
+    lines = loop.startup_log() + [
+        f"serving {model_name} ({'prefill/decode cluster' if args.disagg else 'one engine'}) on http://{args.host}:{args.port}; "
+        f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
+        f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
+        f"gateway log: {args.log or 'off'}",
+    ]
+    settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
+    return uvicorn.Server(config), lines
+
+
+def run_serve(args: argparse.Namespace, load) -> int:
+    """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
+    import torch
+
+    check_args(args)
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load(args.model, args.device)
+    server, lines = build_server(args, model, tokenizer)
+    print("\n".join(lines), flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn takes these while it serves and, after its graceful
+        signal.signal(sig, lambda *_: None)      # shutdown, raises them again: land here and exit 0
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind the port, after logging why
+        print(f"error: could not serve on {args.host}:{args.port}", file=sys.stderr)
+        return 2
+    print("server stopped", flush=True)
+    return 0

@@ -1,0 +1,73 @@
+"""Load on `minikv serve`: N concurrent clients (the official async client), requests/s and latency.
+
+    python scripts/serve_load.py --clients 32 --requests 320          # starts its own server
+    python scripts/serve_load.py --url http://127.0.0.1:8000 --key sk-... --clients 8
+
+Each request is a note (`cNN: save pin 123456.`, about 24 prompt tokens) answered greedily (about
+17 tokens). The load generator runs on the same machine as the server, so both share its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import openai  # noqa: E402
+
+from minikv.serve.launch import ServerProcess  # noqa: E402
+
+MODEL = "tiny-llama"
+
+
+async def client(api: openai.AsyncOpenAI, index: int, count: int, latencies: list[float], wrong: list[str]) -> None:
+    for i in range(count):
+        pin = f"{(index * 7919 + i * 104729) % 10**6:06d}"
+        start = time.perf_counter()
+        r = await api.completions.create(model=MODEL, prompt=f"c{index:02d}: save pin {pin}.\n", max_tokens=24)
+        latencies.append(time.perf_counter() - start)
+        if r.choices[0].text != f"saved pin {pin}.":  # the model's own copying errors, counted, not hidden
+            wrong.append(f"{pin} -> {r.choices[0].text!r}")
+
+
+async def load(url: str, key: str, clients: int, requests: int) -> dict:
+    latencies: list[float] = []
+    wrong: list[str] = []
+    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0, timeout=120) as api:
+        await client(api, 99, 2, [], [])  # warm-up, not timed
+        start = time.perf_counter()
+        per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
+        await asyncio.gather(*(client(api, i, n, latencies, wrong) for i, n in enumerate(per_client)))
+        wall = time.perf_counter() - start
+    q = statistics.quantiles(latencies, n=100)
+    return {"clients": clients, "requests": len(latencies), "wall_s": round(wall, 2),
+            "requests_per_s": round(len(latencies) / wall, 1), "p50_ms": round(1e3 * q[49], 1),
+            "p99_ms": round(1e3 * q[98], 1), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="a running server (default: start one on a free port)")
+    parser.add_argument("--key", default="sk-load-0000", help="API key for --url")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests", type=int, default=320, help="requests per run (default %(default)s)")
+    args = parser.parse_args()
+    server = None if args.url else ServerProcess(["--api-key", f"load={args.key}"])
+    try:
+        for n in args.clients:
+            print(json.dumps(asyncio.run(load(args.url or server.url, args.key, n, args.requests))), flush=True)
+    finally:
+        if server:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

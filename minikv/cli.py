@@ -78,12 +78,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0 if all(r.status == 200 for r in responses) else 1
 
 
+def demo_preset(args: argparse.Namespace) -> str:
+    """The preset `demo` starts from: the one named; else "vulnerable" when --enable is given
+    (turning a switch on means "the vulnerable engine plus this"); else "safe"."""
+    if args.preset is not None:
+        return args.preset
+    return "vulnerable" if args.enable else "safe"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from minikv.disagg.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
 
     try:
-        switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+        switches = SafetySwitches.preset(demo_preset(args)).with_switches(args.enable, args.disable)
     except ValueError as e:
         raise CliError(str(e)) from None
     model, tok = load(args.model, args.device)
@@ -151,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="replay an incident on a disaggregated prefill/decode pair")
     p.add_argument("--scenario", required=True, choices=["over-length", "late-write"])
-    p.add_argument("--preset", default="safe", choices=["vulnerable", "safe"])
+    p.add_argument("--preset", choices=["vulnerable", "safe"],
+                   help="where the switches start (default: vulnerable with --enable alone, else safe)")
     p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
     p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")

@@ -115,3 +115,12 @@ def test_shipped_model_is_small_and_loads_offline():
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR, local_files_only=True)
     assert model.num_parameters() > 1_000_000 and tok.encode("\n") == [0]
+
+
+def test_demo_enable_without_preset_starts_from_the_vulnerable_engine():
+    """demo --enable X alone means "vulnerable plus X": reject_check answers Bob 400, the cluster starts."""
+    out = cli("demo", "--scenario", "over-length", "--enable", "reject_check", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [n for n, on in result["switches"].items() if on] == ["reject_check"]
+    assert "refused" not in result and result["attacker"]["status"] == 400

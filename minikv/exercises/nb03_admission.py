@@ -49,7 +49,7 @@ def check_admission(fn: Callable[[int, int, int, int, int], bool]) -> None:
 
 _STARTUP_CASES = [  # (pool_pages, page_size, context_len)
     (42, 16, 1024),  # the incident's prefill pool, scaled: 672 tokens
-    (125, 16, 1024),  # the post-fix pool: 2,000 tokens
+    (125, 16, 1024),  # the post-fix prefill pool: 2,000 tokens
     (64, 16, 1024),  # exactly the window
     (4, 3, 20), (7, 3, 100), (1000, 8, 512),
 ]

@@ -25,7 +25,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-# The disclosure's facts, as a log sees them (INCIDENT.md).
+# The disclosure's facts, as a log sees them (docs/incident.md).
 INCIDENT_MODEL = "@cf/zai-org/glm-5.3"
 INCIDENT_FIRST_DAY = date(2026, 8, 27)  # window start, UTC, inclusive
 INCIDENT_LAST_DAY = date(2026, 9, 9)  # window end, UTC, inclusive

@@ -47,6 +47,11 @@ class OwnershipAudit:
         """slots (N,) were just written by writer_uids (N,)."""
         self.writers[slots] = writer_uids
 
+    def forget(self, pages: list[int]) -> None:
+        """`pages` were scrubbed (zeroed): their slots now hold what nobody wrote."""
+        for page in pages:
+            self.writers[page * self.page_size:(page + 1) * self.page_size] = NEVER_WRITTEN
+
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
         """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S)."""
         writers = self.writers[gather]  # (B, S)

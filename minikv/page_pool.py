@@ -12,6 +12,8 @@ That is why, in a leak, the stale data a new request sees is the *most recent* t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -39,6 +41,7 @@ class PagePool:
         # reproducible. This is the only time the pool is cleared (unless scrub_on_free).
         self.kv.zero_()
         self.scrub_on_free = scrub_on_free
+        self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.owner: list[str | None] = [None] * num_pages  # request id holding each page
 
@@ -81,6 +84,8 @@ class PagePool:
             self.free_pages.append(p)
         if self.scrub_on_free and pages:
             self.kv[:, :, pages] = 0  # the costly option: one write per freed page
+            if self.on_scrub is not None:
+                self.on_scrub(list(pages))  # e.g. the audit: these slots now hold what nobody wrote
 
     # -- slots --------------------------------------------------------------------------
     def slots(self, block_table: list[int], start: int, end: int) -> list[int]:

@@ -118,6 +118,9 @@ class Cluster:
         self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
         audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
+        for pool, pool_audit in ((self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit)):
+            if pool_audit is not None:
+                pool.on_scrub = pool_audit.forget  # a scrubbed slot was written by nobody
         self.manager = KVManager(
             self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log,
             config.transfer_base_latency, config.transfer_pages_per_tick, config.transfer_timeout_ticks,

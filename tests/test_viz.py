@@ -380,9 +380,12 @@ def test_show_leaves_a_still_png_beside_the_widget(player):
 
 # -- timeline and time to first token ---------------------------------------------------------------
 def test_timeline_draws_one_bar_per_stage_visit():
-    """Each stretch a request spent in a stage is one bar."""
+    """Each stretch a request spent in a stage for a step or more is one bar; the legend names the rest."""
     picture = timeline(INCIDENT, mark=["b1"])
-    assert len(picture.figure.axes[0].patches) == len(stage_spans(INCIDENT))
+    lasting = [s for s in stage_spans(INCIDENT) if s.end is None or s.end > s.start]
+    assert len(picture.figure.axes[0].patches) == len(lasting) < len(stage_spans(INCIDENT))
+    labels = [t.get_text() for t in picture.figure.axes[0].get_legend().get_texts()]
+    assert labels[-1].startswith("under one step (not drawn):") and "prefill.bootstrap" in labels[-1]
     assert repr(picture).startswith("Timeline of 2 requests over 9 steps through prefill.bootstrap")
 
 

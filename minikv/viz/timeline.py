@@ -27,7 +27,6 @@ from minikv.viz.picture import Picture
 from minikv.viz.queues import WIRE_STAGE, stage_order, stage_spans, transitions, wire_spans
 from minikv.viz.replay import as_events
 
-MIN_BAR = 0.25  # steps: a stage entered and left within one step still shows as a sliver
 STAGE_CMAPS = ("Blues", "Purples", "Greens", "Oranges")  # one sequential hue per node
 OTHER_REQUESTS = "#bbbbbb"  # unmarked requests in the TTFT plot: grey, no tenant's colour
 WIRE_COLOUR = "#999999"  # KV batches on the wire: neutral, neither node's hue
@@ -52,21 +51,25 @@ def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: s
     lane_h = 0.7 / max(len(lanes), 1)
     last_step = max((e.step for e in events), default=0) + 1
     used = [k for k in OUTCOME_MARKERS if any(t.outcome == k for t in leaving)]
-    handles = [Patch(color=stage_colour[s], label=s) for s in stages if any(sp.stage == s for sp in spans)]
+    lasting = [sp for sp in spans + batches if sp.end is None or sp.end > sp.start]  # the stretches drawn
+    instant = [s for s in stages if not any(sp.stage == s for sp in lasting)]  # entered and left within a step
+    handles = [Patch(color=stage_colour[s], label=s) for s in stages if s not in instant]
     if batches:
         handles.append(Patch(facecolor=WIRE_COLOUR, edgecolor="white", label="KV batch on the wire"))
     handles += [Line2D([], [], marker=OUTCOME_MARKERS[k][0], color=INK, linestyle="none", label=OUTCOME_MARKERS[k][1])
                 for k in used]
-    plot_h = max(0.28 * len(lanes) * max(len(rows), 1), 0.25 * len(handles))
+    if instant:
+        handles.append(Patch(color="none", label="under one step (not drawn):\n" + "\n".join(instant)))
+    plot_h = max(0.28 * len(lanes) * max(len(rows), 1), 0.25 * (len(handles) + len(instant)))
     top, bottom = 0.45, 0.55  # inches for the title, and for the step axis
     fig = Figure(figsize=(9.0, top + plot_h + bottom))
     height = fig.get_figheight()
     ax = fig.add_axes((0.2, bottom / height, 0.56, plot_h / height))
-    for s in spans + batches:
+    for s in lasting:
         lane = lanes.index(s.stage.partition(".")[0])
         y = rows.index(s.request_id) - 0.35 + lane_h * (lane + 0.5)
         end = last_step if s.end is None else s.end
-        ax.barh(y, max(end - s.start, MIN_BAR), left=s.start, height=lane_h * 0.9, color=stage_colour[s.stage],
+        ax.barh(y, end - s.start, left=s.start, height=lane_h * 0.9, color=stage_colour[s.stage],
                 edgecolor="white", linewidth=1.0)
     for t in leaving:
         ax.plot(t.step, rows.index(t.request_id), marker=OUTCOME_MARKERS[t.outcome][0], color=INK,

@@ -385,7 +385,7 @@ def test_timeline_draws_one_bar_per_stage_visit():
     lasting = [s for s in stage_spans(INCIDENT) if s.end is None or s.end > s.start]
     assert len(picture.figure.axes[0].patches) == len(lasting) < len(stage_spans(INCIDENT))
     labels = [t.get_text() for t in picture.figure.axes[0].get_legend().get_texts()]
-    assert labels[-1].startswith("under one step (not drawn):") and "prefill.bootstrap" in labels[-1]
+    assert labels[-1].startswith("under 1 step:") and "prefill.bootstrap" in labels[-1]
     assert repr(picture).startswith("Timeline of 2 requests over 9 steps through prefill.bootstrap")
 
 

@@ -59,7 +59,7 @@ def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: s
     handles += [Line2D([], [], marker=OUTCOME_MARKERS[k][0], color=INK, linestyle="none", label=OUTCOME_MARKERS[k][1])
                 for k in used]
     if instant:
-        handles.append(Patch(color="none", label="under one step (not drawn):\n" + "\n".join(instant)))
+        handles.append(Patch(color="none", label="under 1 step:\n" + "\n".join(instant)))
     plot_h = max(0.28 * len(lanes) * max(len(rows), 1), 0.25 * (len(handles) + len(instant)))
     top, bottom = 0.45, 0.55  # inches for the title, and for the step axis
     fig = Figure(figsize=(9.0, top + plot_h + bottom))

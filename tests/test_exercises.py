@@ -22,7 +22,8 @@ def checkers() -> dict:
     found = {}
     for info in pkgutil.iter_modules(minikv.exercises.__path__):
         module = importlib.import_module(f"minikv.exercises.{info.name}")
-        found |= {name: getattr(module, name) for name in dir(module) if name.startswith("check_")}
+        found |= {name: obj for name, obj in vars(module).items()
+                  if name.startswith("check_") and getattr(obj, "__module__", None) == module.__name__}
     return found
 
 

@@ -112,6 +112,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         body = repr(r.text) if r.status == 200 else r.error
         print(f"{role:8s} {r.tenant:6s} HTTP {r.status}  prompt_tokens={r.usage.prompt_tokens:<4d} ttft={ttft:>9s}  {body}")
     print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}")
+    audit = result.cluster.decode_audit if result.cluster else None
+    unwritten = sum(1 for e in audit.events if e.victim is None) if audit else 0
+    if unwritten:
+        print(f"       {unwritten} read(s) of memory nobody wrote (never written, or scrubbed)")
     return 0
 
 

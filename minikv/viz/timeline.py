@@ -37,7 +37,7 @@ OUTCOME_MARKERS = {"finish": ("o", "finished"), "reject": ("X", "rejected (400)"
 def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: str | None = None) -> Picture:
     """Requests (rows, in order of arrival) through the queue stages, over engine steps.
 
-    `mark` names request ids whose row label is drawn in bold vermillion (e.g. the leaked one).
+    `mark` names request ids whose row label is drawn in bold red (e.g. the leaked one).
     """
     events = as_events(log)
     spans, stages = stage_spans(events), stage_order(events)
@@ -109,7 +109,7 @@ def stage_colours(stages: Sequence[str]) -> dict[str, str]:
 def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
     """Time to first token (ms) against prompt tokens, one dot per answered request.
 
-    Requests in `mark` (ids) are drawn as large vermillion stars with their label; a line fitted
+    Requests in `mark` (ids) are drawn as large red stars with their label; a line fitted
     through the other requests shows the time their prompt length would imply.
     """
     marked = set(mark)

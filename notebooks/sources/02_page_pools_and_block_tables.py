@@ -114,7 +114,7 @@ for y, use in enumerate(schemes):
 ax.set_yticks(range(3), [u.scheme for u in schemes]); ax.invert_yaxis()
 ax.set_xlim(0, window.reserved_tokens * 1.15); ax.set_xlabel("KV slots (tokens)")
 ax.set_title("The same 32 requests, three ways to reserve their KV cache", fontsize=10)
-ax.legend(loc="lower right", fontsize=8); plt.tight_layout(); plt.show()
+ax.legend(loc="lower right", fontsize=10); plt.tight_layout(); plt.show()
 assert window.utilisation < 0.382 and paged.waste < 0.04
 
 # %% [markdown]

@@ -37,8 +37,8 @@ from minikv.workload import long_document_prompt
 torch.manual_seed(0)
 model, tok = load_model()
 config = ClusterConfig()
-print(f"context window {config.context_len} tokens; prefill pool {config.prefill_tokens} tokens; "
-      f"decode pool {config.decode_tokens} tokens (all scaled by 1/1024)")
+print(f"context window {config.context_len} tokens and prefill pool {config.prefill_tokens} tokens (the disclosure's, "
+      f"scaled by 1/1024); decode pool {config.decode_tokens} tokens (our choice: not disclosed)")
 
 # %% [markdown]
 # ## Two customers

@@ -207,7 +207,7 @@ for label, (rows, color, marker) in groups.items():
     ax.scatter([r.timestamp for r in rows], [r.prompt_tokens / 1000 for r in rows], s=20, c=color, marker=marker, label=label)
 ax.axhline(PREFILL_POOL_TOKENS / 1000, color="crimson", lw=0.8, ls="--", label="681,280 tokens")
 ax.set(ylabel="prompt tokens (thousands)", title="Long GLM-5.3 calls around the window")
-ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.autofmt_xdate()
 fig.tight_layout()
 plt.show()

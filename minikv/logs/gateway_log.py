@@ -179,8 +179,10 @@ def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
 LOG_START = datetime(2026, 8, 1, tzinfo=timezone.utc)
 LOG_END = datetime(2026, 10, 1, tzinfo=timezone.utc)
 BUG_START = datetime(2026, 8, 27, tzinfo=timezone.utc)
-OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)  # model taken private
-OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)  # back, with both fixes
+# The status page's "increased errors" window. The disclosure says the model was taken private that
+# day and restored, fixed, the same evening; that it was down for exactly this window is our log's choice.
+OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)
+OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)
 DEFAULT_ROWS = 40_000
 ACCOUNTS = ("northwind-prod", "northwind-batch", "northwind-dev")
 ACCOUNT_WEIGHTS = (0.6, 0.3, 0.1)

@@ -212,8 +212,11 @@ plt.tight_layout(); plt.show()
 #
 # The benchmark measures the same costs on 32 requests, 5 interleaved repeats, next to `transformers`'
 # own generation. This is the figure committed beside the README, from the machine that measured it
-# (`python -m minikv bench --plot docs/bench.png`, about two minutes on 2 CPU cores). Both of its panels
-# read as the plot above does, as a cost: time relative to a baseline, above 1 slower.
+# (`python -m minikv bench --plot docs/bench.png`, about two minutes on an idle 2-core machine). Read its
+# right panel with care: this copy was drawn before the panel changed convention, so its bars are
+# *throughput* relative to the vulnerable pair (above 1 faster), the inverse of the plot above. The
+# benchmark now draws that panel as time, above 1 slower, like the plot above; re-running the command on an
+# idle machine replaces this copy.
 
 # %%
 from IPython.display import Image

@@ -212,11 +212,10 @@ plt.tight_layout(); plt.show()
 #
 # The benchmark measures the same costs on 32 requests, 5 interleaved repeats, next to `transformers`'
 # own generation. This is the figure committed beside the README, from the machine that measured it
-# (`python -m minikv bench --plot docs/bench.png`, about two minutes on an idle 2-core machine). Read its
-# right panel with care: this copy was drawn before the panel changed convention, so its bars are
-# *throughput* relative to the vulnerable pair (above 1 faster), the inverse of the plot above. The
-# benchmark now draws that panel as time, above 1 slower, like the plot above; re-running the command on an
-# idle machine replaces this copy.
+# (`python -m minikv bench --plot docs/bench.png`, about two minutes on an idle 2-core machine; this copy
+# was measured while other jobs kept the machine busy, so its tokens per second sit below the README's
+# table). Its right panel reads like the plot above, as a cost: time relative to the vulnerable pair, above
+# 1 slower. Its left panel is throughput, higher is better.
 
 # %%
 from IPython.display import Image

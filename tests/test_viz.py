@@ -476,10 +476,14 @@ def test_stale_swatch_is_faded_in_the_writers_colour():
 
 
 def test_a_request_sits_in_a_prefill_and_a_decode_stage_at_once():
-    """alice's decode.prealloc (step 1) begins before her prefill.inflight ends (her prefill free, step 1)."""
-    spans = {s.stage: s for s in stage_spans(INCIDENT) if s.request_id == "a1"}
-    assert spans["prefill.inflight"].end == 1 and spans["decode.transfer"].start == 1
-    assert spans["decode.running"].start == 2 and spans["decode.running"].end == 4
+    """decode.transfer lasts until decode runs (step 5), overlapping prefill.inflight (steps 2-5)."""
+    log = [E(0, "prefill", "stage", "r", "t", (), "prefill.bootstrap"), E(0, "decode", "stage", "r", "t", (), "decode.prealloc"),
+           E(1, "prefill", "stage", "r", "t", (), "prefill.waiting"), E(1, "decode", "stage", "r", "t", (), "decode.transfer"),
+           E(2, "prefill", "stage", "r", "t", (), "prefill.inflight"), E(5, "prefill", "free", "r", "t", (0,)),
+           E(5, "decode", "stage", "r", "t", (), "decode.running"), E(8, "decode", "finish", "r", "t")]
+    spans = {s.stage: (s.start, s.end) for s in stage_spans(log)}
+    assert spans["prefill.inflight"] == (2, 5) and spans["decode.transfer"] == (1, 5)
+    assert spans["decode.running"] == (5, 8)
 
 
 def test_each_posted_kv_batch_is_a_span_until_it_lands():

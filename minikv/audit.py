@@ -88,6 +88,11 @@ class OwnershipAudit:
         a, b = self.prompts.get(reader, []), self.prompts.get(writer, [])
         return upto < len(a) and upto < len(b) and a[: upto + 1] == b[: upto + 1]
 
+    def forget(self, pages: list[int]) -> None:
+        """`pages` were scrubbed (zeroed): their slots now hold what nobody wrote."""
+        for page in pages:
+            self.writers[page * self.page_size:(page + 1) * self.page_size] = NEVER_WRITTEN
+
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
         """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S)."""
         writers = self.writers[gather]  # (B, S)

@@ -110,12 +110,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0 if all(r.status == 200 for r in responses) else 1
 
 
+def demo_preset(args: argparse.Namespace) -> str:
+    """The preset `demo` starts from: the one named; else "vulnerable" when --enable is given
+    (turning a switch on means "the vulnerable engine plus this"); else "safe"."""
+    if args.preset is not None:
+        return args.preset
+    return "vulnerable" if args.enable else "safe"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from minikv.disagg.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
 
     try:
-        switches = SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+        switches = SafetySwitches.preset(demo_preset(args)).with_switches(args.enable, args.disable)
     except ValueError as e:
         raise CliError(str(e)) from None
     model, tok = load(args.model, args.device)
@@ -140,6 +148,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"the attacker sent {result.probes} probes and recovered {result.recovered!r}")
     print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}, "
           f"{result.cross_tenant_cache_hits} cross-tenant cache hit(s)")
+    audit = result.cluster.decode_audit if result.cluster else None
+    unwritten = sum(1 for e in audit.events if e.victim is None) if audit else 0
+    if unwritten:
+        print(f"       {unwritten} read(s) of memory nobody wrote (never written, or scrubbed)")
     return 0
 
 
@@ -205,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="replay an incident, or the prefix-cache probe, on a disaggregated pair")
     p.add_argument("--scenario", required=True, choices=["over-length", "late-write", "prefix-probe"])
-    p.add_argument("--preset", default="safe", choices=["vulnerable", "safe"])
+    p.add_argument("--preset", choices=["vulnerable", "safe"],
+                   help="where the switches start (default: vulnerable with --enable alone, else safe)")
     p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
     p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")

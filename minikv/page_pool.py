@@ -30,6 +30,7 @@ because reusing them soon would throw away the cache. A page is never handed out
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -79,6 +80,7 @@ class PagePool:
         # reproducible. This is the only time the pool is cleared (unless scrub_on_free).
         self.kv.zero_()
         self.scrub_on_free = scrub_on_free
+        self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
         self.prefix_cache = PrefixCache() if prefix_caching else None
@@ -144,6 +146,8 @@ class PagePool:
                 self.free_pages.append(p)
         if self.scrub_on_free and emptied:
             self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
+            if self.on_scrub is not None:
+                self.on_scrub(emptied)  # e.g. the audit: these slots now hold what nobody wrote
 
     # -- prefix caching (prefix_cache.py holds the index) -----------------------------------
     def cached_prefix(self, keys: list[PageKey], num_tokens: int) -> list[int]:

@@ -1,24 +1,9 @@
-"""Shared test set-up: nbval ignores stderr (progress bars, warnings); fixtures load the model once."""
+"""Shared test fixtures: the model, loaded once. (Threads and nbval's stderr: the root conftest.py.)"""
 
 from __future__ import annotations
 
-import os
-
-# One thread per process: the model is tiny, and on a 2-core machine two processes with two
-# threads each (pytest and a notebook kernel, say) stall each other badly. Notebook kernels that
-# nbval starts inherit this, so stored and re-executed outputs come from the same arithmetic.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-
-
-def pytest_collectstart(collector) -> None:
-    """nbval compares stderr by default; progress bars and library warnings are not facts."""
-    if collector.fspath and collector.fspath.ext == ".ipynb":
-        collector.skip_compare += ("stderr",)
+import pytest
+import torch
 
 
 @pytest.fixture(scope="session")

@@ -269,3 +269,12 @@ def test_demo_prefix_probe_json_recovers_the_secret_and_safe_recovers_nothing():
     assert data["attacker"]["usage"]["cached_tokens"] > 0
     safe = json.loads(cli("demo", "--scenario", "prefix-probe", "--preset", "safe", "--secret", "k9Q", "--json").stdout)
     assert safe["recovered"] == "" and safe["audit"]["cross_tenant_cache_hits"] == 0
+
+
+def test_demo_enable_without_preset_starts_from_the_vulnerable_engine():
+    """demo --enable X alone means "vulnerable plus X": reject_check answers Bob 400, the cluster starts."""
+    out = cli("demo", "--scenario", "over-length", "--enable", "reject_check", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [n for n, on in result["switches"].items() if on] == ["reject_check"]
+    assert "refused" not in result and result["attacker"]["status"] == 400

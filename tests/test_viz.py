@@ -5,6 +5,7 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from matplotlib.colors import to_rgb
 
 from minikv.events import Event as E
 from minikv.events import EventLog
@@ -12,8 +13,9 @@ from minikv.response import Response, Usage
 from minikv.viz import (PageStatus, ReplayWidget, describe, find_event, frame_indices, page_map, page_styles,
                         queues_at, replay, stage_spans, tenant_colours, timeline, ttft_plot)
 from minikv.viz.demo import MINIATURE_INCIDENT, MINIATURE_POOLS
-from minikv.viz.page_map import grid_shape
-from minikv.viz.palette import NEVER_WRITTEN, faded
+from minikv.viz.queues import wire_spans
+from minikv.viz.page_map import _legend_handles, grid_shape
+from minikv.viz.palette import CROSS_READ, NEVER_WRITTEN, TENANT_COLOURS, faded
 
 POOLS, INCIDENT = MINIATURE_POOLS, MINIATURE_INCIDENT  # the incident by hand; events indexed in demo.py
 COLOURS = tenant_colours(["alice", "bob"])
@@ -239,9 +241,9 @@ def test_reserved_pages_show_owner_hatch_over_the_old_data():
 
 
 def test_page_styles_number_the_block_table_in_order():
-    """The outlined request's pages carry their block-table positions 1, 2, 3, ..."""
+    """The outlined request's pages carry their block-table indices 0, 1, 2, ..., as block_table[i] does."""
     styles = page_styles(replay(INCIDENT, POOLS, upto=22)["decode"], COLOURS, request="b1")
-    assert [styles[p].order for p in (2, 1, 0, 3)] == [1, 2, 3, 4]
+    assert [styles[p].order for p in (2, 1, 0, 3)] == [0, 1, 2, 3]
     assert styles[4].order is None
 
 
@@ -340,17 +342,18 @@ def test_the_image_is_redrawn_for_each_frame(player):
 
 
 def test_cross_read_frame_is_captioned_as_an_alarm(player):
-    """The cross-read frame marks alice's pages and turns the caption vermillion."""
+    """The cross-read frame marks alice's pages and turns the caption red."""
     player.slider.value = player.frames.index(28)
     assert [s.page for s in player.styles()["decode"] if s.cross_read] == [0, 1]
-    assert "CROSS-TENANT READ" in player.caption.value and "color:#d55e00" in player.caption.value
+    assert "CROSS-TENANT READ" in player.caption.value and f"color:{CROSS_READ}" in player.caption.value
 
 
 def test_widget_outlines_the_current_events_request(player):
     """With no request given, the block table outlined is the current event's request's."""
     player.slider.value = player.frames.index(22)
     assert player.outlined_request() == "b1"
-    assert [s.page for s in sorted(player.styles()["decode"], key=lambda s: s.order or 0) if s.order] == [2, 1, 0, 3]
+    numbered = [s for s in player.styles()["decode"] if s.order is not None]
+    assert [s.page for s in sorted(numbered, key=lambda s: s.order)] == [2, 1, 0, 3]
 
 
 def test_widget_shows_the_queues(player):
@@ -377,9 +380,12 @@ def test_show_leaves_a_still_png_beside_the_widget(player):
 
 # -- timeline and time to first token ---------------------------------------------------------------
 def test_timeline_draws_one_bar_per_stage_visit():
-    """Each stretch a request spent in a stage is one bar."""
+    """Each stretch a request spent in a stage for a step or more is one bar; the legend names the rest."""
     picture = timeline(INCIDENT, mark=["b1"])
-    assert len(picture.figure.axes[0].patches) == len(stage_spans(INCIDENT))
+    lasting = [s for s in stage_spans(INCIDENT) if s.end is None or s.end > s.start]
+    assert len(picture.figure.axes[0].patches) == len(lasting) < len(stage_spans(INCIDENT))
+    labels = [t.get_text() for t in picture.figure.axes[0].get_legend().get_texts()]
+    assert labels[-1].startswith("under 1 step:") and "prefill.bootstrap" in labels[-1]
     assert repr(picture).startswith("Timeline of 2 requests over 9 steps through prefill.bootstrap")
 
 
@@ -442,3 +448,47 @@ def test_simulated_logs_have_stale_and_never_written_pages():
     states = [replay(simulated_log(seed), 12)["node"] for seed in range(6)]
     assert any(s.pages(PageStatus.STALE) for s in states)
     assert any(s.pages(PageStatus.NEVER_WRITTEN) for s in states)
+
+
+# -- one look across the series -------------------------------------------------------------------
+def test_a_workload_tenant_keeps_its_colour_whoever_else_is_drawn():
+    """carol is the same colour in a picture of alice, bob and carol as in one of carol and dave."""
+    assert tenant_colours(["alice", "bob", "carol"])["carol"] == tenant_colours(["carol", "dave"])["carol"]
+    other = tenant_colours(["carol", "someone"])
+    assert other["someone"] != other["carol"] and other["someone"] in TENANT_COLOURS
+
+
+def test_legend_lists_only_what_the_picture_draws():
+    """Before bob arrives, nothing is hatched or read across tenants, so the legend says neither."""
+    styles = page_styles(replay(INCIDENT, POOLS, upto=15)["decode"], COLOURS)
+    labels = [h.get_label() for h in _legend_handles(styles, COLOURS, None)]
+    assert labels == ["alice's old data (freed, faded)", "free, never written"]
+
+
+def test_stale_swatch_is_faded_in_the_writers_colour():
+    """The swatch of alice's stale pages is filled exactly as her stale cells are."""
+    styles = page_styles(replay(INCIDENT, POOLS, upto=28)["decode"], COLOURS, request="b1")
+    handles = {h.get_label(): h for h in _legend_handles(styles, COLOURS, "bob/b1")}
+    stale_fill = next(s.fill for s in styles if s.data_tenant == "alice" and s.status is not PageStatus.OWNED)
+    assert faded(COLOURS["alice"]) == stale_fill
+    assert handles["alice's old data (freed, faded)"].get_facecolor()[:3] == pytest.approx(to_rgb(stale_fill))
+    assert "red: read across tenants (audit)" in handles and "reserved by bob, not yet written by it" in handles
+
+
+def test_a_request_sits_in_a_prefill_and_a_decode_stage_at_once():
+    """decode.transfer lasts until decode runs (step 5), overlapping prefill.inflight (steps 2-5)."""
+    log = [E(0, "prefill", "stage", "r", "t", (), "prefill.bootstrap"), E(0, "decode", "stage", "r", "t", (), "decode.prealloc"),
+           E(1, "prefill", "stage", "r", "t", (), "prefill.waiting"), E(1, "decode", "stage", "r", "t", (), "decode.transfer"),
+           E(2, "prefill", "stage", "r", "t", (), "prefill.inflight"), E(5, "prefill", "free", "r", "t", (0,)),
+           E(5, "decode", "stage", "r", "t", (), "decode.running"), E(8, "decode", "finish", "r", "t")]
+    spans = {s.stage: (s.start, s.end) for s in stage_spans(log)}
+    assert spans["prefill.inflight"] == (2, 5) and spans["decode.transfer"] == (1, 5)
+    assert spans["decode.running"] == (5, 8)
+
+
+def test_each_posted_kv_batch_is_a_span_until_it_lands():
+    """Two batches posted at steps 1 and 3 land at 3 and 6; a third never lands."""
+    log = [E(1, "fabric", "post", "r", "t", (0,)), E(3, "decode", "write", "r", "t", (0,), "KV transfer landed"),
+           E(3, "fabric", "post", "r", "t", (1,)), E(6, "decode", "write", "r", "t", (1,), "KV transfer landed LATE"),
+           E(6, "fabric", "post", "r", "t", (2,))]
+    assert [(s.start, s.end) for s in wire_spans(log)] == [(1, 3), (3, 6), (6, None)]

@@ -37,18 +37,25 @@ from minikv.response import Response, Usage
 from minikv.tokenizer import decode
 
 
+POST_FIX_PREFILL_PAGES = 125  # about 2.04 million / 1,024 = 1,992 tokens, in whole pages of 16: 2,000
+
+
 class StartupRefused(RuntimeError):
     """startup_check found a pool that cannot hold the context window."""
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Sizes of the pair. The defaults are the incident scaled by 1/1024."""
+    """Sizes of the pair. The defaults are the incident scaled by 1/1024 (docs/incident.md).
+
+    The disclosed *post-fix* prefill pool, about 2.04 million tokens, scales to about 2,000
+    tokens: `ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)` (notebook 06).
+    """
 
     context_len: int = 1024  # 1,048,576 / 1,024
     page_size: int = 16
     prefill_pages: int = 42  # 42 x 16 = 672 tokens: about 681,280 / 1,024 = 665, in whole pages
-    decode_pages: int = 125  # 2,000 tokens, the post-fix pool of about 2.04 million / 1,024
+    decode_pages: int = 125  # 2,000 tokens: our choice (the decode pool's size was not disclosed)
     max_prefill_tokens: int = 2048
     transfer_base_latency: int = 1  # ticks every batch takes on the wire
     transfer_pages_per_tick: int = 1
@@ -122,6 +129,9 @@ class Cluster(FrontDoor):
         self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
         audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
+        for pool, pool_audit in ((self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit)):
+            if pool_audit is not None:
+                pool.on_scrub = pool_audit.forget  # a scrubbed slot was written by nobody
         self.manager = KVManager(
             self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log, self.clock,
             config.transfer_base_latency, config.transfer_pages_per_tick, config.transfer_timeout_ticks,

@@ -1,5 +1,19 @@
 """Exercise checkers, one module per notebook (`nb01_kv_caching.py` serves notebook 01, ...).
 
-A checker tries a learner's function on hidden, generated cases; it prints one line when
-everything passes and raises AssertionError saying what was expected and what came back.
+A checker tries a learner's function on several cases, some of them generated from a seed, so
+that no constant answer passes. It never computes the answer with the solution's formula: it
+asks the engine's own code, or enumerates the situation step by step. It prints one line when
+everything passes and raises AssertionError naming the case, what was expected and what came
+back. `tests/test_exercises.py` runs every checker against constant stubs (they must fail) and
+against the notebook's hidden solution (it must pass).
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def expect(got: Any, want: Any, case: str, hint: str = "") -> None:
+    """Raise AssertionError saying, for `case`, what was expected and what came back."""
+    if got != want or type(got) is bool and type(want) is not bool:
+        raise AssertionError(f"{case}: expected {want!r}, got {got!r}." + (f" {hint}" if hint else ""))

@@ -1,38 +1,66 @@
-"""Checkers for the notebooks' exercises: each tries a learner's function on hidden cases.
-
-A checker prints one line saying what passed, and raises AssertionError with a hint when
-something is wrong, so a cell that calls it fails loudly until the exercise is solved.
-"""
+"""Checkers for notebook 01 (KV caching from first principles)."""
 
 from __future__ import annotations
 
+import random
 from typing import Callable
 
-from minikv.model import ModelConfig
+import torch
 
-_CONFIGS = [  # (layers, kv_heads, head_dim, bytes per value)
-    (4, 4, 48, 4), (32, 8, 128, 2), (80, 8, 128, 2), (61, 1, 576, 2), (2, 3, 7, 1),
-]
+from minikv.exercises import expect
+from minikv.model import ModelConfig
+from minikv.page_pool import PagePool
+
+DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.int8}  # bytes per value -> a dtype that size
+
+
+def _shapes(seed: int = 0) -> list[tuple[int, int, int, int]]:
+    """(layers, kv_heads, head_dim, bytes per value): well-known shapes, then random ones."""
+    rng = random.Random(seed)
+    shapes = [(4, 4, 48, 4), (32, 8, 128, 2), (80, 8, 128, 2), (61, 1, 576, 2), (2, 3, 10, 1)]
+    shapes += [(rng.randint(1, 40), rng.randint(1, 16), rng.choice([8, 64, 96, 128]), rng.choice([1, 2, 4]))
+               for _ in range(5)]
+    return shapes
+
+
+def measured_kv_bytes(layers: int, kv_heads: int, head_dim: int, nbytes: int) -> int:
+    """Bytes one token's slot really takes in a page pool of that model shape."""
+    config = ModelConfig(vocab_size=2, hidden_size=kv_heads * head_dim, intermediate_size=2, num_layers=layers,
+                         num_heads=kv_heads, num_kv_heads=kv_heads, head_dim=head_dim, max_position_embeddings=2)
+    return PagePool(config, num_pages=1, page_size=1, dtype=DTYPES[nbytes]).kv.nbytes
 
 
 def check_kv_bytes_per_token(fn: Callable[[int, int, int, int], int]) -> None:
     """fn(num_layers, num_kv_heads, head_dim, bytes_per_value) -> bytes of K and V per token."""
-    for layers, kv_heads, head_dim, nbytes in _CONFIGS:
-        want = layers * 2 * kv_heads * head_dim * nbytes
-        got = fn(layers, kv_heads, head_dim, nbytes)
-        assert got == want, f"for {layers} layers, {kv_heads} kv heads, head_dim {head_dim}, {nbytes} bytes: got {got}, want {want} (remember K *and* V)"
-    print(f"correct on {len(_CONFIGS)} model shapes")
+    shapes = _shapes()
+    for layers, kv_heads, head_dim, nbytes in shapes:
+        expect(fn(layers, kv_heads, head_dim, nbytes), measured_kv_bytes(layers, kv_heads, head_dim, nbytes),
+               f"{layers} layers, {kv_heads} KV heads, head_dim {head_dim}, {nbytes} bytes per value",
+               "Each layer keeps a key AND a value vector per KV head.")
+    print(f"correct on {len(shapes)} model shapes, measured on a real page pool")
 
 
-def check_forward_tokens(fn: Callable[[int, int, bool], int]) -> None:
-    """fn(prompt_len, new_tokens, use_cache) -> token positions pushed through the model."""
+def counted_attention_reads(prompt_len: int, new_tokens: int) -> int:
+    """K/V vectors attention reads (per layer and head) while generating with a cache, counted step by step."""
+    reads, cached = 0, 0
+    fed = [prompt_len] + [1] * (new_tokens - 1)  # the prefill, then one token per decode step
+    for n in fed:
+        for _ in range(n):  # causal: each new position reads every cached position and itself
+            cached += 1
+            reads += cached
+    return reads
+
+
+def check_attention_reads(fn: Callable[[int, int], int]) -> None:
+    """fn(prompt_len, new_tokens) -> K/V vectors read by attention, per layer and head, with a cache."""
+    rng = random.Random(1)
     cases = [(1, 1), (5, 3), (100, 20), (681, 1), (12, 50)]
+    cases += [(rng.randint(1, 900), rng.randint(1, 64)) for _ in range(6)]
     for prompt_len, new in cases:
-        cached = prompt_len + (new - 1)  # the prompt once, then one token per further step
-        uncached = sum(prompt_len + i for i in range(new))  # the whole sequence every step
-        assert fn(prompt_len, new, True) == cached, f"with a cache, prompt {prompt_len}, {new} new tokens: want {cached}"
-        assert fn(prompt_len, new, False) == uncached, f"without a cache, prompt {prompt_len}, {new} new tokens: want {uncached}"
-    print(f"correct on {len(cases)} cases, with and without a cache")
+        expect(fn(prompt_len, new), counted_attention_reads(prompt_len, new),
+               f"prompt {prompt_len} tokens, {new} new tokens",
+               "Every position fed in (the prompt, then each new token but the last) reads itself and all before it.")
+    print(f"correct on {len(cases)} requests")
 
 
 def kv_bytes(config: ModelConfig, num_tokens: int, bytes_per_value: int = 4) -> int:

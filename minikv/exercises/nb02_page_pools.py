@@ -2,8 +2,8 @@
 
 Each checker tries a learner's function on hidden cases and compares it with the engine's own
 code: `PagePool.slots` for slot mapping, `kv_accounting.paged_use` for waste, and `replay` for
-stale pages. It prints one line when everything passes and raises AssertionError with a hint
-otherwise, so the exercise cell fails loudly until it is solved.
+stale pages. It prints one line when everything passes and raises AssertionError saying what
+was expected and what came back, so the exercise cell fails loudly until it is solved.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import random
 from typing import Callable
 
 from minikv.events import Event
+from minikv.exercises import expect
 from minikv.kv_accounting import paged_use
 from minikv.model import ModelConfig
 from minikv.page_pool import PagePool
@@ -38,11 +39,10 @@ def check_slot_mapping(fn: Callable[[list[int], int, int], int]) -> None:
         pool = PagePool(_TINY, num_pages=64, page_size=page_size)
         want = pool.slots(block_table, 0, len(block_table) * page_size)
         for position, slot in enumerate(want):
-            got = fn(list(block_table), page_size, position)
-            assert got == slot, (
-                f"block table {block_table}, page size {page_size}, position {position}: got {got}, want {slot}. "
-                "Find the entry of the block table that holds the position (which page), then the "
-                "offset inside that page; a slot is page * page_size + offset.")
+            expect(fn(list(block_table), page_size, position), slot,
+                   f"block table {block_table}, page size {page_size}, position {position}",
+                   "Find the entry of the block table that holds the position (which page), then the "
+                   "offset inside that page; a slot is page * page_size + offset.")
             count += 1
     print(f"correct on {count} token positions in 8 block tables")
 
@@ -51,15 +51,22 @@ _WASTE_CASES = [([1], 16), ([16], 16), ([17], 16), ([0, 5], 4), ([84, 150, 499, 
                 ([1, 2, 3, 4, 5, 6, 7, 8], 1), ([30] * 10, 32), ([100, 200, 300], 7)]
 
 
+def _random_workloads(seed: int, count: int = 4) -> list[tuple[list[int], int]]:
+    """(K/V lengths, page size) of random workloads."""
+    rng = random.Random(seed)
+    return [([rng.randint(1, 600) for _ in range(rng.randint(1, 9))], rng.choice([3, 8, 16, 32])) for _ in range(count)]
+
+
+_WASTE_CASES += _random_workloads(2)
+
+
 def check_wasted_slots(fn: Callable[[list[int], int], int]) -> None:
     """fn(kv_lens, page_size) -> slots a page pool reserves for these requests but leaves empty."""
     for kv_lens, page_size in _WASTE_CASES:
         use = paged_use(kv_lens, page_size)
         want = use.reserved_tokens - use.used_tokens
-        got = fn(list(kv_lens), page_size)
-        assert got == want, (
-            f"K/V lengths {kv_lens}, page size {page_size}: got {got}, want {want}. Each request holds "
-            "whole pages, enough for its tokens (round up); only the end of its last page stays empty.")
+        expect(fn(list(kv_lens), page_size), want, f"K/V lengths {kv_lens}, page size {page_size}",
+               "Each request holds whole pages, enough for its tokens (round up); only the end of its last page stays empty.")
     print(f"correct on {len(_WASTE_CASES)} workloads")
 
 
@@ -99,10 +106,9 @@ def check_stale_pages(fn: Callable[[list[Event], int], list[int]]) -> None:
     for seed, num_pages in cases:
         events = simulated_log(seed, num_pages)
         want = replay(events, num_pages)[NODE].pages(PageStatus.STALE)
-        got = sorted(fn(list(events), num_pages))
-        assert got == want, (
-            f"log #{seed} ({len(events)} events, {num_pages} pages): got {got}, want {want}. "
-            "A page is stale when its last allocate was followed by a free (it has no owner) "
-            "and some write put data in it at any time: free does not erase data."
-        )
+        got = fn(list(events), num_pages)
+        expect(sorted(got) if isinstance(got, (list, tuple, set)) else got, want,
+               f"log #{seed} ({len(events)} events, {num_pages} pages)",
+               "A page is stale when its last allocate was followed by a free (it has no owner) "
+               "and some write put data in it at any time: free does not erase data.")
     print(f"correct on {len(cases)} event logs")

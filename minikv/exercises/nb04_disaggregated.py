@@ -1,28 +1,53 @@
-"""Checkers for notebook 04 (disaggregated prefill and decode).
-"""
+"""Checkers for notebook 04 (disaggregated prefill and decode)."""
 
 from __future__ import annotations
 
+import random
 from typing import Callable
+
+from minikv.exercises import expect
+from minikv.exercises.nb02_page_pools import _TINY
+from minikv.page_pool import PagePool
+
+
+def reserved_pages(prompt_tokens: int, max_tokens: int, page_size: int) -> int:
+    """What the decode node's pool takes off its free list for such a request (the engine's own count)."""
+    pool = PagePool(_TINY, num_pages=1 + (prompt_tokens + max_tokens) // page_size, page_size=page_size)
+    return len(pool.allocate(pool.pages_for(prompt_tokens + max_tokens), "r"))
 
 
 def check_decode_reservation(fn: Callable[[int, int, int], int]) -> None:
     """fn(prompt_tokens, max_tokens, page_size) -> pages the decode node preallocates."""
-    cases = [(1, 1, 16), (16, 0 + 1, 16), (800, 48, 16), (24, 48, 16), (100, 28, 8), (5, 3, 2)]
-    for prompt, out, ps in cases:
-        want = -(-(prompt + out) // ps)
-        got = fn(prompt, out, ps)
-        assert got == want, f"prompt {prompt}, max_tokens {out}, page_size {ps}: got {got}, want {want} (prompt + output, rounded up to whole pages)"
+    rng = random.Random(4)
+    cases = [(1, 1, 16), (16, 1, 16), (800, 48, 16), (24, 48, 16), (100, 28, 8), (5, 3, 2)]
+    cases += [(rng.randint(1, 900), rng.randint(1, 64), rng.choice([4, 8, 16])) for _ in range(6)]
+    for prompt, out, page_size in cases:
+        expect(fn(prompt, out, page_size), reserved_pages(prompt, out, page_size),
+               f"prompt {prompt}, max_tokens {out}, page_size {page_size}",
+               "Decode reserves room for the prompt AND every output token, in whole pages.")
     print(f"correct on {len(cases)} requests")
+
+
+def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> int:
+    """Play the fabric tick by tick: one batch in flight; it waits `base` ticks, then moves `rate` pages a tick."""
+    left, ticks = num_pages, 0
+    while left:
+        batch = min(left, cap or left)
+        ticks += base  # the batch's fixed latency
+        while batch > 0:  # then its pages, `rate` per tick
+            batch -= rate
+            ticks += 1
+        left -= min(left, cap or left)
+    return ticks
 
 
 def check_transfer_ticks(fn: Callable[[int, int | None, int, int], int]) -> None:
     """fn(num_pages, cap, base_latency, pages_per_tick) -> ticks until the last batch lands."""
+    rng = random.Random(5)
     cases = [(38, None, 1, 1), (38, 8, 1, 1), (1, None, 1, 1), (10, 4, 0, 2), (16, 16, 3, 1), (7, 3, 2, 2)]
+    cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4)) for _ in range(6)]
     for pages, cap, base, rate in cases:
-        size = cap or pages
-        batches = [min(size, pages - i) for i in range(0, pages, size)]
-        want = sum(base + -(-b // rate) for b in batches)  # one batch in flight at a time
-        got = fn(pages, cap, base, rate)
-        assert got == want, f"{pages} pages, cap {cap}, base {base}, {rate} pages/tick: got {got}, want {want}"
+        expect(fn(pages, cap, base, rate), ticks_on_the_wire(pages, cap, base, rate),
+               f"{pages} pages, cap {cap}, base {base}, {rate} pages/tick",
+               "Batches go one after another; each costs the base latency plus its pages at the rate, rounded up.")
     print(f"correct on {len(cases)} transfers")

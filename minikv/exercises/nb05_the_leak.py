@@ -1,11 +1,41 @@
-"""Checkers for notebook 05 (the leak).
-"""
+"""Checkers for notebook 05 (the leak)."""
 
 from __future__ import annotations
 
+import random
 from typing import Callable
 
+from minikv.exercises import expect
 from minikv.response import Response, Usage
+from minikv.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
+
+
+def _ok(text: str) -> Response:
+    return Response("r", "bob", 200, text, Usage(30, len(text)))
+
+
+def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
+    """(prompt, response, trustworthy?): fixed cases, then generated notes answered honestly or with another's."""
+    cases = [
+        ("alice: save pin 0912.\n", _ok("saved pin 0912."), True),
+        ("bob: read the report.\n", _ok("saved nothing."), True),
+        ("bob: read the report.\n", _ok("saved card 4111 2222 3333 4444."), False),
+        ("dave: save pin 4821.\n", _ok("saved key sk-live-7Hq2Zp9Xw4."), False),
+        ("bob: read the report.\n", Response("r", "bob", 400, "", Usage(30, 0), error="too long"), True),
+        ("carol: save key abc.\n", _ok("saved key abd."), False),
+    ]
+    rng = random.Random(seed)
+    for _ in range(8):
+        tenant = rng.choice(TENANTS)
+        sentences = [random_note(rng).sentence]
+        if rng.random() < 0.5:
+            sentences.insert(0, document_sentence(rng, rng.choice([40, 120])))
+        prompt = make_prompt(tenant, sentences)
+        other = expected_reply(make_prompt("mallory", [random_note(rng).sentence]))
+        cases.append((prompt, _ok(expected_reply(prompt)), True))
+        cases.append((prompt, _ok(other), other == expected_reply(prompt)))
+        cases.append((prompt, Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact"), True))
+    return cases
 
 
 def check_output_test(fn: Callable[[str, Response], bool]) -> None:
@@ -14,17 +44,8 @@ def check_output_test(fn: Callable[[str, Response], bool]) -> None:
     A good test looks at the text, not only the status: a 200 whose reply repeats a note that
     the prompt never contained is a leak; a 400 or 500 is an honest failure, not a leak.
     """
-    ok = lambda text: Response("r", "bob", 200, text, Usage(30, len(text)))  # noqa: E731
-    cases = [
-        ("alice: save pin 0912.\n", ok("saved pin 0912."), True),
-        ("bob: read the report.\n", ok("saved nothing."), True),
-        ("bob: read the report.\n", ok("saved card 4111 2222 3333 4444."), False),
-        ("dave: save pin 4821.\n", ok("saved key sk-live-7Hq2Zp9Xw4."), False),
-        ("bob: read the report.\n", Response("r", "bob", 400, "", Usage(30, 0), error="too long"), True),
-        ("carol: save key abc.\n", ok("saved key abd."), False),
-    ]
+    cases = _cases()
     for prompt, response, trustworthy in cases:
-        got = fn(prompt, response)
-        assert got == trustworthy, (f"prompt {prompt!r}, status {response.status}, text {response.text!r}: "
-                                    f"returned {got}, want {trustworthy}")
+        expect(fn(prompt, response), trustworthy, f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
+               "A non-200 is an honest failure; a 200 must say what the prompt explains.")
     print(f"correct on {len(cases)} responses: this test checks outputs, not just status codes")

@@ -29,7 +29,7 @@ from minikv.logs.line_reader import OverlongLine, open_log, read_lines, source_n
 from minikv.logs.luhn import luhn_check_digit
 from minikv.logs.timestamp import parse_timestamp
 
-# The disclosure's facts, as a log sees them (INCIDENT.md).
+# The disclosure's facts, as a log sees them (docs/incident.md).
 INCIDENT_MODEL = "@cf/zai-org/glm-5.3"
 INCIDENT_FIRST_DAY = date(2026, 8, 27)  # window start, UTC, inclusive
 INCIDENT_LAST_DAY = date(2026, 9, 9)  # window end, UTC, inclusive
@@ -158,8 +158,10 @@ def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
 LOG_START = datetime(2026, 8, 1, tzinfo=timezone.utc)
 LOG_END = datetime(2026, 10, 1, tzinfo=timezone.utc)
 BUG_START = datetime(2026, 8, 27, tzinfo=timezone.utc)
-OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)  # model taken private
-OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)  # back, with both fixes
+# The status page's "increased errors" window. The disclosure says the model was taken private that
+# day and restored, fixed, the same evening; that it was down for exactly this window is our log's choice.
+OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)
+OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)
 DEFAULT_ROWS = 40_000
 ACCOUNTS = ("northwind-prod", "northwind-batch", "northwind-dev")
 ACCOUNT_WEIGHTS = (0.6, 0.3, 0.1)

@@ -1,6 +1,6 @@
 """Scan a gateway log for the calls the disclosure names, and for two warning signs in every call.
 
-The checklist (INCIDENT.md, steps 1 and 2) *defines* affected: calls to one model, on a UTC day
+The checklist (docs/incident.md, steps 1 and 2) *defines* affected: calls to one model, on a UTC day
 inside the window (both ends included), whose `prompt_tokens` are strictly above the prefill
 pool's 681,280. Two signals look at every row, affected or not: a first token too soon for the
 prompt's size (the leak's only outward tell) and text in the reply shaped like someone's secret.

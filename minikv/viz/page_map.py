@@ -6,12 +6,15 @@ How to read it:
 - a blank cell was never written since boot;
 - a cell hatched in a tenant's colour is *reserved* by that tenant's request, but what it holds
   is still someone else's data (faded, underneath) or nothing; the incident lives here;
-- a thick black outline marks the chosen request's block table, numbered in order;
+- a thick black outline marks the chosen request's block table, numbered in order from 0, as
+  Python indexes `block_table` (block 0 holds tokens 0 .. page_size - 1);
 - a number in a cell's corner is its ref count, when more than one request holds it (prefix
   caching: a shared page, drawn solid in the colour of the tenant that computed it);
 - a small white triangle marks a page written during the current step;
-- a vermillion crossed border marks a page read by a request that did not write it (the audit's
+- a red crossed border marks a page read by a request that did not write it (the audit's
   `cross_read`: another tenant's data, another request's, or never-written memory).
+
+The legend lists only what the picture draws, each swatch drawn as the cells are.
 
 `page_styles` decides what every cell looks like (pure, testable); `draw_pools` draws it.
 """
@@ -43,6 +46,8 @@ MAX_CELL_IN = 0.42  # a cell never grows beyond this many inches
 PANELS_WIDTH_IN = 10.5  # all panels together fit this width
 PANELS_HEIGHT_IN = 7.0  # ... and this height
 MIN_NUMBER_PT = 13  # order numbers are drawn inside cells at least this many points wide
+LEGEND_PT = 11  # legend text: readable when a 10-inch figure is projected 1280 pixels wide
+CAPTION_PT = 12
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class PageStyle:
     tenant: str | None  # tenant of the request that owns the page now (None: free)
     data_tenant: str | None  # tenant whose K/V the page holds (None: never written)
     hatch: str | None  # the owner's colour, hatched over a reserved page
-    order: int | None  # 1-based position in the outlined block table
+    order: int | None  # position in the outlined block table, from 0 (its index in block_table)
     cross_read: bool  # read by a request that did not write it
     written_now: bool  # written during the current step
     ref_count: int = 1  # requests holding the page (prefix caching shares pages)
@@ -65,7 +70,7 @@ def page_styles(state: PoolState, colours: Mapping[str, str], request: str | Non
                 cross_reads: CrossReads = "now") -> list[PageStyle]:
     """The look of every page of `state`; `request`'s block table (if it holds pages) is numbered."""
     table = state.block_tables.get(request, ()) if request is not None else ()
-    order = {page: i + 1 for i, page in enumerate(table)}
+    order = {page: i for i, page in enumerate(table)}
     crossed = state.cross_read_now if cross_reads == "now" else state.cross_read_ever
     styles = []
     for p in range(state.num_pages):
@@ -190,17 +195,31 @@ def _panel_title(state: PoolState, cell_pt: float, page_size: int | None) -> str
     return textwrap.fill(f"{state.node}: {state.num_pages} pages{size}", chars) + "\n" + counts
 
 
-def _legend_handles(colours: Mapping[str, str], request_label: str | None) -> list:
-    handles: list = [Patch(facecolor=c, edgecolor=GRID_LINE, label=t) for t, c in colours.items()]
-    handles += [
-        Patch(facecolor=faded("#666666"), edgecolor=GRID_LINE, label="freed, data still there (stale, faded)"),
-        Patch(facecolor=NEVER_WRITTEN, edgecolor=GRID_LINE, label="never written"),
-        Patch(facecolor="white", edgecolor="#555555", hatch="////", label="reserved (owner's hatch) over old data"),
-        Line2D([], [], linestyle="none", marker="v", markerfacecolor="white", markeredgecolor=INK, label="written this step"),
-        Patch(facecolor="none", edgecolor=CROSS_READ, hatch="xx", linewidth=2, label="read someone else's data (audit)"),
-    ]
-    if request_label is not None:
-        handles.append(Patch(facecolor="none", edgecolor=INK, linewidth=2, label=f"block table of {request_label}, in order"))
+def _legend_handles(styles: Iterable[PageStyle], colours: Mapping[str, str], request_label: str | None) -> list:
+    """One swatch for each kind of cell the panels draw, drawn as those cells are; nothing else."""
+    styles = list(styles)
+    drawn = lambda tenant, *statuses: any(  # noqa: E731
+        s.data_tenant == tenant and s.status in statuses for s in styles)
+    handles: list = []
+    for tenant, colour in colours.items():
+        if drawn(tenant, PageStatus.OWNED):
+            handles.append(Patch(facecolor=colour, edgecolor=GRID_LINE, label=f"{tenant}: owns it, wrote it"))
+        if drawn(tenant, PageStatus.STALE, PageStatus.RESERVED):
+            handles.append(Patch(facecolor=faded(colour), edgecolor=GRID_LINE, label=f"{tenant}'s old data (freed, faded)"))
+    if any(s.fill == NEVER_WRITTEN and s.hatch is None for s in styles):
+        handles.append(Patch(facecolor=NEVER_WRITTEN, edgecolor=GRID_LINE, label="free, never written"))
+    for tenant, colour in colours.items():
+        if any(s.hatch == colour for s in styles):
+            handles.append(Patch(facecolor="white", edgecolor=colour, hatch="///", linewidth=1.2,
+                                 label=f"reserved by {tenant}, not yet written by it"))
+    if any(s.written_now for s in styles):
+        handles.append(Line2D([], [], linestyle="none", marker="v", markerfacecolor="white", markeredgecolor=INK,
+                              label="written this step"))
+    if any(s.cross_read for s in styles):
+        handles.append(Patch(facecolor="none", edgecolor=CROSS_READ, hatch="xx", linewidth=2,
+                             label="red: read across tenants (audit)"))
+    if request_label is not None and any(s.order is not None for s in styles):
+        handles.append(Patch(facecolor="none", edgecolor=INK, linewidth=2, label=f"block table of {request_label}, from block 0"))
     return handles
 
 
@@ -215,27 +234,28 @@ def draw_pools(states: Sequence[PoolState], colours: Mapping[str, str], caption:
     left, gap, right, bottom = 0.45, 0.6, 0.25, 0.15
     panels_w = total_cols * cell + gap * (len(states) - 1)
     width = max(7.0, left + panels_w + right)
-    caption = textwrap.fill(caption, width=int(width * 13))
+    caption = textwrap.fill(caption, width=int(width * 11))
     title_lines = max(_panel_title(s, cell * 72, page_size).count("\n") + 1 for s in states)
-    top = 0.2 + 0.19 * (caption.count("\n") + 1) + 0.2 + 0.16 * title_lines + 0.35
+    top = 0.2 + 0.22 * (caption.count("\n") + 1) + 0.2 + 0.16 * title_lines + 0.35
     label = None
     if request is not None:
         tenants = {t for s in states for r, t in zip(s.owner, s.owner_tenant) if r == request}
         label = f"{tenants.pop()}/{request}" if len(tenants) == 1 else request
-    handles = _legend_handles(colours, label)
-    ncol = max(1, int(width // 2.4))
-    legend_h = 0.24 * math.ceil(len(handles) / ncol) + 0.15
+    all_styles = [page_styles(s, colours, request, cross_reads) for s in states]
+    handles = _legend_handles([st for styles in all_styles for st in styles], colours, label)
+    ncol = max(1, int(width // 3.6))
+    legend_h = 0.3 * math.ceil(len(handles) / ncol) + 0.15
     height = top + max_rows * cell + legend_h + bottom
     fig = Figure(figsize=(width, height))
     x = (width - panels_w) / 2
-    for state, (rows, cols) in zip(states, shapes):
+    for state, styles, (rows, cols) in zip(states, all_styles, shapes):
         ax = fig.add_axes((x / width, (bottom + legend_h + (max_rows - rows) * cell) / height,
                            cols * cell / width, rows * cell / height))
-        _draw_panel(ax, state, page_styles(state, colours, request, cross_reads), cell * 72, page_size)
+        _draw_panel(ax, state, styles, cell * 72, page_size)
         x += cols * cell + gap
-    fig.text(0.5, 1 - 0.15 / height, caption, ha="center", va="top", fontsize=10)
+    fig.text(0.5, 1 - 0.15 / height, caption, ha="center", va="top", fontsize=CAPTION_PT)
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, bottom / height), ncol=ncol,
-               frameon=False, fontsize=8, handlelength=1.6, columnspacing=1.2)
+               frameon=False, fontsize=LEGEND_PT, handlelength=1.6, columnspacing=1.2)
     return fig
 
 

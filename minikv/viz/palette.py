@@ -1,16 +1,22 @@
 """Colours for the pictures: one per tenant, safe for colour-blind readers, plus the marks.
 
 Tenant colours come from the Okabe-Ito palette (distinguishable under the common forms of
-colour blindness), without its vermillion, which is kept for the one thing that must stand out:
-a cross-tenant read. Past six tenants the palette continues with Paul Tol's "muted" colours.
-A freed page that still holds data is drawn in its last writer's colour, faded toward white.
+colour blindness), without its vermillion and red, which are kept for the one thing that must
+stand out: a cross-tenant read, drawn in red with a crossed hatch. Past six tenants the palette
+continues with Paul Tol's "muted" colours. A tenant of the workload (`minikv.workload.TENANTS`)
+always gets the same colour, in every picture of every notebook: alice orange, bob sky blue,
+carol green, dave blue, erin purple. A freed page that still holds data is drawn in its last
+writer's colour, faded toward white.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from matplotlib.colors import to_hex, to_rgb
+
+from minikv.workload import TENANTS
 
 TENANT_COLOURS = (
     "#e69f00",  # orange
@@ -28,7 +34,7 @@ TENANT_COLOURS = (
     "#ddcc77",  # sand
     "#44aa99",  # teal
 )
-CROSS_READ = "#d55e00"  # vermillion: a request read someone else's data
+CROSS_READ = "#d40000"  # red: a request read someone else's data
 NEVER_WRITTEN = "#ffffff"  # a page nobody has written since boot
 GRID_LINE = "#b0b0b0"  # cell borders
 INK = "#000000"  # block-table outline, order numbers, "written this step" marks
@@ -36,12 +42,15 @@ STALE_STRENGTH = 0.35  # how much of the writer's colour a stale page keeps (1 =
 
 
 def tenant_colours(tenants: Iterable[str]) -> dict[str, str]:
-    """A colour per tenant, in order of first appearance (the same tenant keeps its colour)."""
-    colours: dict[str, str] = {}
-    for tenant in tenants:
-        if tenant not in colours:
-            colours[tenant] = TENANT_COLOURS[len(colours) % len(TENANT_COLOURS)]
-    return colours
+    """A colour per tenant, in order of first appearance.
+
+    A workload tenant keeps its own colour whatever else is drawn (alice is always orange);
+    any other name gets the next colour no workload tenant in the picture uses.
+    """
+    tenants = list(dict.fromkeys(tenants))
+    fixed = {t: TENANT_COLOURS[i % len(TENANT_COLOURS)] for i, t in enumerate(TENANTS) if t in tenants}
+    spare = itertools.cycle([c for c in TENANT_COLOURS if c not in fixed.values()] or TENANT_COLOURS)
+    return {t: fixed[t] if t in fixed else next(spare) for t in tenants}
 
 
 def faded(colour: str, strength: float = STALE_STRENGTH) -> str:

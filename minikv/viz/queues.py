@@ -102,10 +102,45 @@ def queues_at(log: EventLog | Iterable[Event], upto: int) -> dict[str, list[str]
 
 
 def stage_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
-    """Every stretch of steps a request spent in one stage, in the order they began."""
+    """Every stretch of steps a request spent in one stage, in the order they began.
+
+    A request sits in one stage *per node* at a time (its lane, the stage's prefix): in
+    disaggregated serving the decode node preallocates and waits for the transfer while the
+    prefill node still works, so a request's prefill and decode stretches overlap. A stretch ends
+    when the request enters another stage of the same node, when that node frees the request's
+    pages (it is done with it), or when the request leaves the queues.
+    """
+    events = as_events(log)
+    if not any(e.kind == "stage" for e in events):
+        return _single_node_spans(events)
+    spans: list[StageSpan] = []
+    open_span: dict[tuple[str, str], int] = {}  # (request id, lane) -> index in spans
+
+    def close(key: tuple[str, str], step: int) -> None:
+        if key in open_span:
+            i = open_span.pop(key)
+            old = spans[i]
+            spans[i] = StageSpan(old.request_id, old.tenant, old.stage, old.start, step)
+
+    for e in events:
+        if e.kind == "stage":
+            key = (e.request_id, e.detail.partition(".")[0])
+            close(key, e.step)
+            open_span[key] = len(spans)
+            spans.append(StageSpan(e.request_id, e.tenant, e.detail, e.step, None))
+        elif e.kind in LEAVING_KINDS:
+            for key in [k for k in open_span if k[0] == e.request_id]:
+                close(key, e.step)
+        elif e.kind == "free":
+            close((e.request_id, e.node), e.step)
+    return spans
+
+
+def _single_node_spans(events: list[Event]) -> list[StageSpan]:
+    """A single-node engine's stretches: waiting, then running, from the implicit transitions."""
     spans: list[StageSpan] = []
     open_span: dict[str, int] = {}  # request id -> index in spans of its current stretch
-    for t in transitions(log):
+    for t in transitions(events):
         if t.request_id in open_span:
             i = open_span.pop(t.request_id)
             old = spans[i]
@@ -113,6 +148,28 @@ def stage_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
         if t.stage is not None:
             open_span[t.request_id] = len(spans)
             spans.append(StageSpan(t.request_id, t.tenant, t.stage, t.step, None))
+    return spans
+
+
+WIRE_STAGE = "fabric.on the wire"  # the lane of KV batches between posting and landing
+
+
+def wire_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
+    """Every KV batch a request posted, from its `post` to the write that landed it (end None: never).
+
+    Batches land in the order they were posted (one in flight per bootstrap room), so each
+    landing write on the decode node, on time or late, closes the request's oldest open batch.
+    """
+    spans: list[StageSpan] = []
+    posted: dict[str, list[int]] = {}  # request id -> indices in spans of batches still on the wire
+    for e in as_events(log):
+        if e.kind == "post":
+            posted.setdefault(e.request_id, []).append(len(spans))
+            spans.append(StageSpan(e.request_id, e.tenant, WIRE_STAGE, e.step, None))
+        elif e.kind == "write" and e.node == "decode" and "landed" in e.detail.lower() and posted.get(e.request_id):
+            i = posted[e.request_id].pop(0)
+            old = spans[i]
+            spans[i] = StageSpan(old.request_id, old.tenant, old.stage, old.start, e.step)
     return spans
 
 

@@ -2,6 +2,9 @@
 
 `timeline` draws one row per request and one bar per queue stage it sat in, over engine steps
 (from `stage` events; for a single-node engine, waiting then running, from submit to finish).
+In disaggregated serving a row has one lane per node, so that the prefill and decode stages a
+request sits in at the same time show side by side, and a third lane for each KV batch on the
+wire, from its post to its landing.
 `ttft_plot` draws time to first token against prompt length: prefill work grows with the
 prompt, so a long prompt answered as fast as a short one (the leaked request: its prompt was
 never prefilled) sits far below the others.
@@ -19,43 +22,55 @@ from matplotlib.patches import Patch
 
 from minikv.events import Event, EventLog
 from minikv.response import Response
-from minikv.viz.palette import CROSS_READ, INK, TENANT_COLOURS
+from minikv.viz.palette import CROSS_READ, INK
 from minikv.viz.picture import Picture
-from minikv.viz.queues import stage_order, stage_spans, transitions
+from minikv.viz.queues import WIRE_STAGE, stage_order, stage_spans, transitions, wire_spans
 from minikv.viz.replay import as_events
 
-MIN_BAR = 0.25  # steps: a stage entered and left within one step still shows as a sliver
-STAGE_CMAPS = ("Blues", "Oranges", "Greens", "Purples")  # one sequential hue per node
+STAGE_CMAPS = ("Blues", "Purples", "Greens", "Oranges")  # one sequential hue per node
+OTHER_REQUESTS = "#bbbbbb"  # unmarked requests in the TTFT plot: grey, no tenant's colour
+WIRE_COLOUR = "#999999"  # KV batches on the wire: neutral, neither node's hue
+LEGEND_PT = 10
 OUTCOME_MARKERS = {"finish": ("o", "finished"), "reject": ("X", "rejected (400)"), "cancel": ("s", "cancelled")}
 
 
 def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: str | None = None) -> Picture:
     """Requests (rows, in order of arrival) through the queue stages, over engine steps.
 
-    `mark` names request ids whose row label is drawn in bold vermillion (e.g. the leaked one).
+    `mark` names request ids whose row label is drawn in bold red (e.g. the leaked one).
     """
     events = as_events(log)
     spans, stages = stage_spans(events), stage_order(events)
+    batches = wire_spans(events)
     leaving = [t for t in transitions(events) if t.stage is None]  # every finish, cancel and reject
     marked = set(mark)
-    stage_colour = stage_colours(stages)
+    stage_colour = stage_colours(stages) | {WIRE_STAGE: WIRE_COLOUR}
     rows = list(dict.fromkeys([s.request_id for s in spans] + [t.request_id for t in leaving]))
     tenant = {s.request_id: s.tenant for s in spans} | {t.request_id: t.tenant for t in leaving}
+    lanes = list(dict.fromkeys(s.stage.partition(".")[0] for s in spans + batches))
+    lane_h = 0.7 / max(len(lanes), 1)
     last_step = max((e.step for e in events), default=0) + 1
     used = [k for k in OUTCOME_MARKERS if any(t.outcome == k for t in leaving)]
-    handles = [Patch(color=stage_colour[s], label=s) for s in stages]
+    lasting = [sp for sp in spans + batches if sp.end is None or sp.end > sp.start]  # the stretches drawn
+    instant = [s for s in stages if not any(sp.stage == s for sp in lasting)]  # entered and left within a step
+    handles = [Patch(color=stage_colour[s], label=s) for s in stages if s not in instant]
+    if batches:
+        handles.append(Patch(facecolor=WIRE_COLOUR, edgecolor="white", label="KV batch on the wire"))
     handles += [Line2D([], [], marker=OUTCOME_MARKERS[k][0], color=INK, linestyle="none", label=OUTCOME_MARKERS[k][1])
                 for k in used]
-    plot_h = max(0.28 * max(len(rows), 1), 0.2 * len(handles))
+    if instant:
+        handles.append(Patch(color="none", label="under 1 step:\n" + "\n".join(instant)))
+    plot_h = max(0.28 * len(lanes) * max(len(rows), 1), 0.25 * (len(handles) + len(instant)))
     top, bottom = 0.45, 0.55  # inches for the title, and for the step axis
-    fig = Figure(figsize=(8.0, top + plot_h + bottom))
+    fig = Figure(figsize=(9.0, top + plot_h + bottom))
     height = fig.get_figheight()
-    ax = fig.add_axes((0.2, bottom / height, 0.6, plot_h / height))
-    for s in spans:
-        y = rows.index(s.request_id)
+    ax = fig.add_axes((0.2, bottom / height, 0.56, plot_h / height))
+    for s in lasting:
+        lane = lanes.index(s.stage.partition(".")[0])
+        y = rows.index(s.request_id) - 0.35 + lane_h * (lane + 0.5)
         end = last_step if s.end is None else s.end
-        ax.barh(y, max(end - s.start, MIN_BAR), left=s.start, height=0.6, color=stage_colour[s.stage],
-                edgecolor="white", linewidth=0.5)
+        ax.barh(y, end - s.start, left=s.start, height=lane_h * 0.9, color=stage_colour[s.stage],
+                edgecolor="white", linewidth=1.0)
     for t in leaving:
         ax.plot(t.step, rows.index(t.request_id), marker=OUTCOME_MARKERS[t.outcome][0], color=INK,
                 markersize=6, linestyle="none")
@@ -69,8 +84,12 @@ def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: s
     ax.set_xlabel("engine step", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or "Requests through the queues", fontsize=10)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if len(lanes) > 1:
+        ax.set_ylabel("lanes, top to bottom: " + ", ".join(lanes), fontsize=8)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=LEGEND_PT, frameon=False)
     summary = ", ".join(f"{sum(1 for t in leaving if t.outcome == k)} {OUTCOME_MARKERS[k][1]}" for k in used)
+    if batches:
+        summary += f"{', ' if summary else ''}{len(batches)} KV batch{'es' if len(batches) > 1 else ''} on the wire"
     return Picture(fig, f"Timeline of {len(rows)} requests over {last_step} steps through {', '.join(stages) or 'no stages'}"
                         + (f"; {summary}" if summary else ""))
 
@@ -90,7 +109,7 @@ def stage_colours(stages: Sequence[str]) -> dict[str, str]:
 def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
     """Time to first token (ms) against prompt tokens, one dot per answered request.
 
-    Requests in `mark` (ids) are drawn as large vermillion stars with their label; a line fitted
+    Requests in `mark` (ids) are drawn as large red stars with their label; a line fitted
     through the other requests shows the time their prompt length would imply.
     """
     marked = set(mark)
@@ -100,7 +119,7 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
     fig = Figure(figsize=(6.5, 4.0))
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.77))
     ax.scatter([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal], s=22,
-               color=TENANT_COLOURS[1], edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
+               color=OTHER_REQUESTS, edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
     if len(normal) >= 2 and len({r.usage.prompt_tokens for r in normal}) >= 2:
         slope, intercept = _fit([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal])
         xs = [0, max(r.usage.prompt_tokens for r in timed)]
@@ -119,7 +138,7 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=LEGEND_PT, loc="best")
     ax.set_title(title or "Time to first token against prompt length", fontsize=10)
     untimed = len(responses) - len(timed)
     text = f"TTFT against prompt length for {len(timed)} answered requests"

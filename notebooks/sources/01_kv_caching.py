@@ -3,6 +3,7 @@
 #
 # **What you will learn**
 # - why a language model that writes one token at a time would redo almost all of its work without a cache;
+# - what queries, keys and values are, and why caching the keys and values is *exact*, not an approximation;
 # - what the *KV cache* holds: one key and one value vector per token, per layer, per KV head;
 # - how to compute its size per token, and why a 1,048,576-token context needs a pool of GPU memory that large;
 # - that caching changes the cost, never the answer: our engine and `transformers` produce the same tokens with and without it.
@@ -12,6 +13,8 @@
 # tell it `save <field> <value>.` and it answers `saved <field> <value>.`, copying the value from its context.
 
 # %%
+import random
+import statistics
 import time
 
 import matplotlib.pyplot as plt
@@ -19,9 +22,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minikv.checkpoint import default_model_dir, load_model
+from minikv.contiguous_cache import ContiguousCache
 from minikv.decoding import generate_with_cache, generate_without_cache
-from minikv.exercises.nb01_kv_caching import check_forward_tokens, check_kv_bytes_per_token, kv_bytes
+from minikv.exercises.nb01_kv_caching import check_attention_reads, check_kv_bytes_per_token, kv_bytes
 from minikv.tokenizer import decode
+from minikv.workload import document_sentence, make_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()  # CUDA when present, else the CPU
@@ -41,6 +46,44 @@ ids = tok.encode(prompt)
 print(len(ids), "prompt tokens:", ids[:12], "...")
 
 # %% [markdown]
+# ## Queries, keys and values
+#
+# Inside every layer, attention turns each token's hidden vector into three vectors:
+# - a **query**: what this token is looking for;
+# - a **key**: what this token offers, to be matched against later queries;
+# - a **value**: what this token hands over when it matches.
+#
+# Token *t*'s output is a mix of the values of tokens 0 to *t*, weighted by how well its query matches
+# their keys. The attention is **causal**: a token never looks at tokens after it. So the key and value
+# of a past token are computed from that token and the ones before it, and nothing that comes later can
+# change them. Computing them once and keeping them is therefore *exact*: the cache changes the cost,
+# never the answer. (A past token's query is needed only for that token's own output, already computed,
+# so queries are not kept.)
+#
+# Check it on the model: compute the keys and values of the prompt, then of the prompt with 20 more
+# tokens appended, and compare the prompt's part.
+
+# %%
+def keys_and_values(token_ids):
+    """Every layer's K and V for `token_ids`, from one forward over a fresh contiguous cache."""
+    cache = ContiguousCache(cfg, num_rows=1, max_len=len(token_ids), device=model.device)
+    x = torch.tensor([token_ids], device=model.device)
+    with torch.inference_mode():
+        model(x, cache.positions([0], len(token_ids)).to(model.device), cache.step([0], len(token_ids)))
+    return cache.kv[:, :, 0, : len(token_ids)]  # (layers, K and V, T, KVH, D)
+
+appended = tok.encode("save card 4111 2222.")  # 20 more tokens after the prompt
+prefix_kv = keys_and_values(ids)
+longer_kv = keys_and_values(ids + appended)[:, :, : len(ids)]  # the same prompt positions, recomputed
+difference = (prefix_kv - longer_kv).abs().max().item()
+print(f"K/V of the {len(ids)} prompt tokens, before and after appending {len(appended)} tokens: "
+      f"largest difference {'below 1e-5' if difference < 1e-5 else difference}")
+assert torch.allclose(prefix_kv, longer_kv, atol=1e-5)
+
+# %% [markdown]
+# The same numbers: any difference is float rounding (a longer input sums in a different order), a few
+# millionths. That is the whole idea of the KV cache.
+#
 # *Without* a cache, each step feeds the whole sequence so far through the model and keeps only the
 # last position's logits. *With* a cache, the prompt goes through once (the **prefill**), every
 # layer keeps the keys and values it computed, and each later step (a **decode** step) runs just the
@@ -57,23 +100,38 @@ print(repr(decode(tok, cached)))
 # read, then a note.
 
 # %%
-# NBVAL_IGNORE_OUTPUT
-# (timings vary from run to run; the assertion does not)
-long_prompt = "bob: read " + "the quarterly report on cache memory and page tables " * 8 + "save pin 0912.\n"
+long_prompt = make_prompt("bob", [document_sentence(random.Random(0), 420), "save pin 0912."])
 long_ids = tok.encode(long_prompt)
+long_reply = generate_with_cache(model, long_ids, 32, tok.eos_token_id)
+assert generate_without_cache(model, long_ids, 32, tok.eos_token_id) == long_reply
+print(f"{len(long_ids)}-token prompt {long_prompt[:40]!r}... -> {decode(tok, long_reply)!r}")
+assert decode(tok, long_reply) == "saved pin 0912."
 
-def best_of(fn, repeats=3):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter(); out = fn(); times.append(time.perf_counter() - start)
-    return min(times), out
+# %% [markdown]
+# Timing on a laptop is noisy: another program, a browser tab, a second notebook all take the CPU from
+# time to time. So time both ways in **rounds**, alternating which goes first, take the ratio *within*
+# each round (both halves of a round see about the same load), and keep the median. Absolute times
+# depend on your machine and on what else it is doing; the ratio is what to compare.
 
-t_plain, out_plain = best_of(lambda: generate_without_cache(model, long_ids, 16, tok.eos_token_id))
-t_cache, out_cache = best_of(lambda: generate_with_cache(model, long_ids, 16, tok.eos_token_id))
-assert out_plain == out_cache
-print(f"{len(long_ids)}-token prompt, {len(out_cache)} new tokens: "
-      f"no cache {t_plain * 1e3:.0f} ms, with cache {t_cache * 1e3:.0f} ms, speed-up {t_plain / t_cache:.1f}x")
-assert t_plain / t_cache > 1.5
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times: they depend on the machine and its load; the assertion does not)
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+ways = {"no cache": lambda: generate_without_cache(model, long_ids, 16, tok.eos_token_id),
+        "with cache": lambda: generate_with_cache(model, long_ids, 16, tok.eos_token_id)}
+rounds = []
+for r in range(5):
+    order = list(ways) if r % 2 == 0 else list(reversed(ways))  # interleaved: each goes first in turn
+    rounds.append({name: timed(ways[name]) for name in order})
+speed_up = statistics.median(t["no cache"] / t["with cache"] for t in rounds)
+print(f"{len(long_ids)}-token prompt, 16 new tokens, median of 5 rounds: "
+      f"no cache {statistics.median(t['no cache'] for t in rounds) * 1e3:.0f} ms, "
+      f"with cache {statistics.median(t['with cache'] for t in rounds) * 1e3:.0f} ms; speed-up {speed_up:.1f}x")
+assert speed_up > 1.5
 
 
 # %% [markdown]
@@ -100,26 +158,27 @@ assert all(a / b > 20 for a, b in zip(plain, cached_cost))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (measured times)
-def step_time(n_tokens, use_cache, repeats=5):
+# (measured times: they depend on the machine and its load)
+def step_time(n_tokens, use_cache):
+    """Milliseconds for one generation step after `n_tokens` tokens, with or without their K/V cached."""
     x = torch.tensor(tok.encode(("read the report " * 80)[:n_tokens]))
     if use_cache:
         x = x[-1:]  # one new token; the other n-1 are already cached
-    from minikv.contiguous_cache import ContiguousCache
-    times = []
-    for _ in range(repeats):
-        cache = ContiguousCache(cfg, 1, n_tokens + 1, model.device)
-        if use_cache:
-            cache.seq_lens[0] = n_tokens - 1
-        step = cache.step([0], len(x))
-        start = time.perf_counter()
-        with torch.inference_mode():
-            model(x[None].to(model.device), cache.positions([0], len(x)).to(model.device), step)
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+    cache = ContiguousCache(cfg, 1, n_tokens + 1, model.device)
+    if use_cache:
+        cache.seq_lens[0] = n_tokens - 1
+    step = cache.step([0], len(x))
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model(x[None].to(model.device), cache.positions([0], len(x)).to(model.device), step)
+    return (time.perf_counter() - start) * 1e3
 
-ms_plain = [step_time(n, False) for n in lengths]
-ms_cache = [step_time(n, True) for n in lengths]
+samples = {(n, c): [] for n in lengths for c in (False, True)}
+for r in range(5):  # interleaved rounds; the median of each point
+    for key in (samples if r % 2 == 0 else reversed(list(samples))):
+        samples[key].append(step_time(*key))
+ms_plain = [statistics.median(samples[n, False]) for n in lengths]
+ms_cache = [statistics.median(samples[n, True]) for n in lengths]
 fig, ax = plt.subplots(figsize=(6, 3.2))
 ax.plot(lengths, ms_plain, "o-", label="no cache: re-run the whole sequence")
 ax.plot(lengths, ms_cache, "s-", label="cache: run one token")
@@ -203,28 +262,30 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 
 
 # %% [markdown]
-# **2.** Write `token_forwards(prompt_len, new_tokens, use_cache)`: how many token positions go
-# through the model to generate `new_tokens` tokens after a `prompt_len`-token prompt? (The first
-# new token comes out of the prefill; the last one is never fed back in.)
+# **2.** The cache saves *computing* keys and values, not *reading* them. Write
+# `attention_reads(prompt_len, new_tokens)`: with a cache, how many key/value vectors does attention
+# read (in one layer, one head) to generate `new_tokens` tokens after a `prompt_len`-token prompt?
+# The prefill runs the prompt at once, each position reading itself and every position before it; each
+# decode step then runs one new token over everything cached. (The first new token comes out of the
+# prefill; the last one is never fed back in.)
 
 # %%
-def token_forwards(prompt_len, new_tokens, use_cache):
+def attention_reads(prompt_len, new_tokens):
     raise NotImplementedError  # your code here
 
 try:
-    check_forward_tokens(token_forwards)
+    check_attention_reads(attention_reads)
 except NotImplementedError:
-    print("not solved yet: write token_forwards, then run this cell again")
+    print("not solved yet: write attention_reads, then run this cell again")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# Solution
-def token_forwards(prompt_len, new_tokens, use_cache):
-    if use_cache:
-        return prompt_len + new_tokens - 1
-    return sum(prompt_len + i for i in range(new_tokens))
+# Solution: every position fed in, 0 .. prompt_len + new_tokens - 2, reads itself and all before it.
+def attention_reads(prompt_len, new_tokens):
+    fed = prompt_len + new_tokens - 1
+    return fed * (fed + 1) // 2
 
-check_forward_tokens(token_forwards)
+check_attention_reads(attention_reads)
 
 # %% [markdown]
 # **3.** (Open.) With a cache, the decode step still reads every cached key and value. Time a

@@ -113,7 +113,7 @@ for y, use in enumerate(schemes):
 ax.set_yticks(range(3), [u.scheme for u in schemes]); ax.invert_yaxis()
 ax.set_xlim(0, window.reserved_tokens * 1.15); ax.set_xlabel("KV slots (tokens)")
 ax.set_title("The same 32 requests, three ways to reserve their KV cache", fontsize=10)
-ax.legend(loc="lower right", fontsize=8); plt.tight_layout(); plt.show()
+ax.legend(loc="lower right", fontsize=10); plt.tight_layout(); plt.show()
 assert window.utilisation < 0.382 and paged.waste < 0.04
 
 # %% [markdown]
@@ -155,8 +155,9 @@ assert (alice_pages, bob_pages) == ([0, 1, 2], [3, 4]) and pool.num_free_pages =
 
 # %% [markdown]
 # `free` pushes a request's pages back in reverse, so the most recently freed page is on top and the
-# next request receives them **in the same order**. Remember this: it is why, in the incident, the
-# stale data a new request found was the *most recent* tenant's, neatly lined up.
+# next request receives them **in the same order**. Remember this: it is why, in our reproduction of the
+# incident (notebook 05), the stale data the new request finds is the *most recent* tenant's, neatly lined
+# up. (The disclosure says only that the pages held earlier users' prompts and generations.)
 
 # %%
 pool.free(alice_pages, "alice-1")
@@ -275,7 +276,8 @@ print(f"alice-1 freed pages {alice_pages}; the K/V of her {len(prompt_slots)} pr
 
 # %% [markdown]
 # The page map draws every page of the pool as one cell. Alice's freed pages are drawn faded in her
-# colour: free, owned by nobody, still holding her data (`PageStatus.STALE`).
+# colour (orange: every tenant keeps one colour throughout the series): free, owned by nobody, still
+# holding her data (`PageStatus.STALE`).
 
 # %%
 state = replay(engine.log, engine.pool.num_pages)["single"]
@@ -345,10 +347,11 @@ assert all(r.status == 200 for r in answers) and engine.audit.violations == 0
 
 # %% [markdown]
 # Step through it: **Play**, drag the slider, or use previous/next. Each frame is one event that
-# changes the picture; the outlined, numbered cells are the block table of the request the event is
-# about. The player opens on the moment dave's pages are handed out: alice's first request has
-# finished, and dave receives her pages, hatched in his colour over her stale data (a still picture
-# of that frame sits below the player, for readers without widgets).
+# changes the picture; the outlined cells are the block table of the request the event is about,
+# numbered from block 0 as in the picture of the slot mapping above. The player opens on the moment
+# dave's pages are handed out: alice's first request has finished, and dave receives her pages,
+# hatched in his colour over her stale data (a still picture of that frame sits below the player,
+# for readers without widgets).
 
 # %%
 opening = find_event(engine.log, "allocate", tenant="dave")

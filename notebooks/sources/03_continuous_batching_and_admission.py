@@ -185,8 +185,9 @@ timeline(tight.log, mark=[victim], title="6 pages for 3 requests: waiting, preem
 # The incident's service advertised a context window of **1,048,576** tokens while its prefill pool
 # held **681,280** tokens. Scaled by **1/1024**: a window of 1,024 tokens and a pool of about 665
 # tokens, which in whole pages of 16 is 42 pages, **672 tokens**. Start one node like that. Its
-# startup log says the problem out loud: the pool is smaller than the window. The maintainers'
-# first recommendation was to read exactly this line on every node.
+# startup log says the problem out loud: the pool is smaller than the window. After upgrading the
+# engine, the maintainers' next recommendation was to read exactly this line on every node
+# (`docs/incident.md` lists them in order).
 
 # %%
 incident = Engine(model, tok, EngineConfig(num_pages=42, page_size=16, context_len=1024), node="single")

@@ -3,10 +3,20 @@
 #
 # **What you will learn**
 # - why serving systems run prompt processing (*prefill*) and token generation (*decode*) on separate GPU pools;
-# - the queues a request passes through on each side, with the names SGLang uses (prefill: bootstrap ->
-#   waiting -> inflight; decode: prealloc -> transfer -> running);
+# - the six queues a request passes through, three on each side, and what moves it from one to the next;
 # - how the KV cache travels between the two pools like an RDMA write: posted, on the wire, landing later;
 # - time to first token (TTFT) against time per output token (TPOT).
+#
+# Three words first:
+# - **SGLang** is an open-source LLM serving engine, like vLLM. Its *disaggregation* package is where the
+#   incident's fixes were made; minikv reuses its names (queues, poll states, sender and receiver) so that you
+#   can recognise the real code afterwards. Our code is our own.
+# - **RDMA** (remote direct memory access) lets one machine's network card write straight into another
+#   machine's memory, GPU memory included, without the receiving program taking part. Once a write is posted it
+#   is on the wire and cannot be called back; the receiver learns that it landed by polling. minikv's KV
+#   transfer imitates that, on one machine.
+# - A **bootstrap room** is the meeting point of one request's transfer: a number both nodes know the request by,
+#   where the prefill side's *sender* and the decode side's *receiver* find each other (below).
 
 # %% [markdown]
 # ## Why split
@@ -21,6 +31,8 @@
 # separate servers must agree about every request. That agreement is what failed in the incident.
 
 # %%
+import statistics
+
 import torch
 
 from minikv.checkpoint import load_model
@@ -31,7 +43,7 @@ from minikv.disagg.transfer import KVPoll
 from minikv.engine import Engine
 from minikv.exercises.nb04_disaggregated import check_decode_reservation, check_transfer_ticks
 from minikv.request import Request
-from minikv.viz import show_replay, timeline
+from minikv.viz import find_event, show_replay, stage_spans, timeline
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -41,9 +53,22 @@ for line in pair.startup_log():
     print(line)
 
 # %% [markdown]
-# A front door hands every request to both nodes, as SGLang's router does. The decode node learns the prompt's
-# *length*, reserves pages for prompt plus output, and advertises them; the prefill node computes the prompt's
-# KV and the first token, and writes them into those pages.
+# A front door hands every request to both nodes at once, as SGLang's router does, and opens its bootstrap
+# room. The decode node learns the prompt's *length*, reserves pages for prompt plus output, and advertises
+# them; the prefill node computes the prompt's KV and the first token, and writes them into those pages.
+# On the way, each request passes six queues, three per node:
+#
+# | node | queue | what waits there | what moves it on |
+# | --- | --- | --- | --- |
+# | prefill | **bootstrap** | a new request: checked against the pool, given its sender | the decode side has advertised its pages; the transfer is sized from the request's own input |
+# | prefill | **waiting** | a request ready for its prefill forward | a prefill batch with room: the prompt's K/V and first token are computed and the transfer posted |
+# | prefill | **inflight** | a prefilled request whose KV is on the wire | every batch has landed: prefill frees its pages |
+# | decode | **prealloc** | the same request, from the moment it arrives | enough free pages: decode reserves prompt + output and sends the page numbers to prefill |
+# | decode | **transfer** | a reservation waiting for its KV | the KV has landed (and passed any checks) |
+# | decode | **running** | a request being decoded, one token per step | it finishes: decode frees its pages |
+#
+# So a request sits in a prefill queue and a decode queue *at the same time*. Watch three requests go through
+# (the log's `stage` events, tick by tick):
 
 # %%
 prompts = {"alice": "alice: save pin 0912.\n", "bob": "bob: read the weekly report. save memo lunch at noon.\n",
@@ -77,10 +102,10 @@ print("same words on one node and on the pair")
 # %% [markdown]
 # ## The transfer
 #
-# Each request gets a *bootstrap room*: a `KVSender` on the prefill side and a `KVReceiver` on the decode side
+# In each request's bootstrap room, a `KVSender` on the prefill side and a `KVReceiver` on the decode side
 # poll its state through SGLang's states: **Bootstrapping** (both sides registering), **WaitingForInput** (decode
 # has advertised its pages), **Transferring** (page writes posted), **Success** or **Failed**. A posted batch of
-# pages lands `base latency + pages` ticks later.
+# pages lands `base latency + pages` ticks later, like an RDMA write on the wire.
 
 # %%
 fresh = Cluster(model, tok, config, SafetySwitches.preset("safe"))
@@ -96,30 +121,63 @@ for tick, state in seen:
 assert [s for _, s in seen] == [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Success]
 
 # %% [markdown]
-# Both pools, side by side, replayed from the one event log (Play, or drag the slider):
+# Both pools, side by side, replayed from the one event log. The player opens on the moment carol's KV lands
+# in the pages decode reserved for her (Play, or drag the slider to see the rest):
 
 # %%
-show_replay(pair.log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, page_size=config.page_size)
+landing = find_event(pair.log, "write", request_id=ids["carol"], node="decode")
+assert "landed" in pair.log.events[landing].detail
+show_replay(pair.log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, page_size=config.page_size,
+            start=landing)
+
+# %% [markdown]
+# The same run over time. Each request's row has two lanes, prefill's queues on top and decode's below, and a
+# third for its KV batches on the wire: the decode node preallocates while the prefill node is still working,
+# and the transfer overlaps both.
 
 # %%
-timeline(pair.log, title="Three requests through the prefill and decode queues")
+picture = timeline(pair.log, title="Three requests through the prefill and decode queues")
+spans = stage_spans(pair.log)
+for rid in ids.values():
+    mine = {s.stage: s for s in spans if s.request_id == rid}
+    assert mine["decode.transfer"].start < mine["prefill.inflight"].end  # the two nodes' stages overlap
+picture
 
 # %% [markdown]
 # ## Time to first token and time per output token
 #
 # A client sees two latencies: the **time to first token** (TTFT: queueing, prefill, the transfer) and the
 # **time per output token** (TPOT: one decode step each). Disaggregation exists to control both separately.
+# Counted in the cluster's ticks, from the log, they do not depend on the machine: the first token is ready
+# when decode starts running, after the transfer.
+
+# %%
+for tenant, rid in ids.items():
+    events = pair.log.for_request(rid)
+    running = next(e.step for e in events if e.kind == "stage" and e.detail == "decode.running")
+    finished = next(e.step for e in events if e.kind == "finish")
+    r = pair.responses[rid]
+    print(f"{tenant:6s} prompt {r.usage.prompt_tokens:3d} tokens: first token after {running} ticks, "
+          f"then {r.usage.completion_tokens - 1} tokens in {finished - running} ticks")
+    assert finished - running == r.usage.completion_tokens - 1  # one decode step per further token
+
+# %% [markdown]
+# In seconds they depend on your machine and on what else it is doing: a busy laptop can stretch one TTFT a
+# hundredfold. So serve the three requests three times and keep the median of each.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (measured times)
-for tenant, rid in ids.items():
-    r = answers[rid]
-    gaps = [b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])]
-    tpot = sum(gaps) / len(gaps)
-    print(f"{tenant:6s} prompt {r.usage.prompt_tokens:3d} tokens: TTFT {r.ttft_s * 1e3:6.1f} ms, "
-          f"TPOT {tpot * 1e3:5.2f} ms over {r.usage.completion_tokens} tokens")
-    assert r.ttft_s > 0 and tpot > 0
+# (measured times: they depend on the machine and its load)
+runs = []
+for _ in range(3):
+    again = Cluster(model, tok, config, SafetySwitches.preset("safe"))
+    runs.append(again.generate(list(prompts.values()), max_tokens=40))
+for i, tenant in enumerate(prompts):
+    ttft = statistics.median(run[i].ttft_s for run in runs)
+    tpot = statistics.median((run[i].token_times_s[-1] - run[i].token_times_s[0]) / (len(run[i].token_times_s) - 1)
+                             for run in runs)
+    print(f"{tenant:6s} median of 3: TTFT {ttft * 1e3:6.1f} ms, TPOT {tpot * 1e3:5.2f} ms")
+    assert ttft > 0 and tpot > 0
 
 
 # %% [markdown]

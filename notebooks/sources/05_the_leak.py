@@ -8,15 +8,18 @@
 # - how to see it: the ownership audit, the page map with Bob's block table over Alice's stale pages, and
 #   the one outward tell, a time to first token far below what the prompt length needs.
 #
-# This is the incident of October 2026 (see `shared/INCIDENT.md`), scaled by **1/1024**: the service
-# advertised a **1,048,576**-token context (here 1,024) while the prefill GPUs' KV pool held only
-# **681,280** tokens (here 42 pages x 16 = 672). Nothing below calls a special "leak" function: two
+# This is the incident whose exposure ran from 2026-08-27 to 2026-09-09 and which was disclosed on
+# 2026-10-26 (the facts, and which numbers are ours: [`docs/incident.md`](../docs/incident.md)), scaled by
+# **1/1024**: the service advertised a **1,048,576**-token context (here 1,024) while the prefill GPUs' KV
+# pool held only **681,280** tokens (here 42 pages x 16 = 672). The decode pool's size was not disclosed;
+# ours, 2,000 tokens, is our choice. Nothing below calls a special "leak" function: two
 # customers send ordinary requests through the same code that serves everyone, with the safety
 # switches in their *vulnerable* setting, the engine as it was before the fix.
 
 # %%
 import inspect
 import random
+import statistics
 
 import torch
 
@@ -34,8 +37,8 @@ from minikv.workload import long_document_prompt
 torch.manual_seed(0)
 model, tok = load_model()
 config = ClusterConfig()
-print(f"context window {config.context_len} tokens; prefill pool {config.prefill_tokens} tokens; "
-      f"decode pool {config.decode_tokens} tokens (all scaled by 1/1024)")
+print(f"context window {config.context_len} tokens and prefill pool {config.prefill_tokens} tokens (the disclosure's, "
+      f"scaled by 1/1024); decode pool {config.decode_tokens} tokens (our choice: not disclosed)")
 
 # %% [markdown]
 # ## Two customers
@@ -128,8 +131,8 @@ assert result.cross_tenant_reads > 0 and set(from_alice[0].pages) <= set(alice_p
 
 # %% [markdown]
 # The page map at Bob's first decode step: each cell is a page of a pool, coloured by owner; stale pages
-# keep the faded colour of their last writer; Bob's block table is outlined in order; red marks pages read
-# across tenants.
+# keep the faded colour of their last writer; Bob's block table is outlined and numbered from block 0; a
+# **red** crossed border marks pages read across tenants.
 
 # %%
 first_cross = find_event(log, "cross_read", request_id="bob-1")
@@ -137,33 +140,53 @@ page_map(log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, 
          request="bob-1", page_size=config.page_size)
 
 # %% [markdown]
-# Step through the whole story yourself: press Play, or drag the slider.
+# Step through the whole story yourself. The player opens on the same moment, Bob's first read of
+# Alice's pages; press Play, drag the slider back to Alice's request, or step with previous/next.
 
 # %%
 show_replay(log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, request="bob-1",
-            page_size=config.page_size)
+            page_size=config.page_size, start=first_cross)
 
 # %% [markdown]
 # ## The outward tell
 #
 # From outside, only one thing gave it away: the reply came back faster than a prompt that size allows. A
-# single node really prefills 800 tokens before it answers; the leaked reply only prefilled one.
+# single node really prefills 800 tokens before it answers; the leaked reply only prefilled one. The work is
+# in the event log, and does not depend on the machine:
+
+# %%
+prefilled = [e for e in log.for_request("bob-1") if e.kind == "write" and e.node == "prefill"]
+print([e.detail for e in prefilled])
+assert sum(len(e.pages) for e in prefilled) == 1 and "1 token(s)" in prefilled[0].detail
+
+# %% [markdown]
+# Now the time. One measurement on a busy laptop can be off by a factor of a hundred (another program takes
+# the CPU for a moment), so play both in three rounds and take the median of the ratios within each round.
+# The absolute times depend on your machine and its load.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (measured times)
+# (measured times: they depend on the machine and its load)
 single = Engine(model, tok, EngineConfig(num_pages=64, context_len=1024))
-honest = single.generate([long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))], max_tokens=1)[0]
-print(f"bob via the vulnerable pair: ttft {bob.ttft_s * 1e3:.1f} ms; the same prompt prefilled on one node: "
-      f"{honest.ttft_s * 1e3:.1f} ms ({honest.ttft_s / bob.ttft_s:.0f}x longer)")
-assert bob.ttft_s < 0.5 * honest.ttft_s
+bob_prompt = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))
+rounds = []
+for r in range(3):
+    leaked = run_scenario("over-length", model, tok, vulnerable, secret=SECRET, seed=0).attacker
+    honest = single.generate([bob_prompt], max_tokens=1)[0]
+    rounds.append((leaked.ttft_s, honest.ttft_s))
+slower = statistics.median(h / b for b, h in rounds)
+print(f"median of 3 rounds: bob via the vulnerable pair, ttft {statistics.median(b for b, _ in rounds) * 1e3:.1f} ms; "
+      f"the same prompt prefilled on one node {statistics.median(h for _, h in rounds) * 1e3:.1f} ms "
+      f"({slower:.0f}x longer)")
+assert slower > 2
 
 # %%
-ttft_plot([alice, bob, honest], mark=["bob-1"], title="Time to first token against prompt length")
+ttft_plot([alice, leaked, honest], mark=["bob-1"], title="Time to first token against prompt length")
 
 # %% [markdown]
-# In the real incident that tell was seconds against minutes: a prompt over 681,280 tokens cannot be
-# prefilled in the time the 155 affected responses took.
+# In our reproduction the tell is a factor of many times; the disclosure says only that the affected replies
+# came back faster than a prompt that size allows, and did not give their times. Notebook 08 shows how a
+# customer can look for it in their own gateway log.
 #
 # ## The same request, safely
 #
@@ -212,5 +235,8 @@ assert not trustworthy(long_document_prompt("bob", BOB_PROMPT_CHARS, random.Rand
 # with `run_scenario("over-length", model, tok, vulnerable, secret=...)`. Does Bob's reply carry it exactly?
 # From the terminal: `python -m minikv demo --scenario over-length --preset vulnerable --secret "..."`.
 #
-# **3.** Make Bob's prompt 660 tokens instead of 800 (`long_document_prompt("bob", 660, ...)`, submitted to a
-# fresh `Cluster(model, tok, config, vulnerable)` after Alice's request). What does Bob get, and why?
+# **3.** Predict, then check: Bob sends 700 tokens instead of 800, and then 1,100. For each, does the prefill
+# node reject it, does the decode node reserve pages for it, and does Alice's card reach Bob? (Submit Alice's
+# request to a fresh `Cluster(model, tok, config, vulnerable)`, `run()` it, then Bob's with
+# `long_document_prompt("bob", 700, random.Random(0))`, and read `log.for_request("bob-1")`.) Hint: the front
+# door checks the advertised window, 1,024 tokens, before either node sees the request.

@@ -2,10 +2,16 @@
 # # 06 · The fixes, one by one, and what each costs
 #
 # **What you will learn**
-# - the real mitigations the engine's maintainers recommended, each as a switch that changes one code path;
+# - the fixes in the engine and the mitigations its maintainers recommended, each as a switch that changes
+#   one code path;
 # - which failure path each one closes, shown as a matrix over both incidents;
+# - the operators' own fix: a prefill pool large enough for the context window;
 # - why zeroing freed pages (`scrub_on_free`) hides the symptom without fixing the bug;
 # - what each switch costs, measured.
+#
+# The maintainers' first recommendation is to **upgrade** to the engine release with the fixes; here that
+# release is `reject_check`. Their other recommendations are the rest of the switches below (the facts, with
+# their order, are in `docs/incident.md`).
 #
 # The switches (`minikv/disagg/switches.py`): `reject_check` (the queue gates also retire requests marked
 # for abort: the fix in code), `startup_check` (refuse to start when a pool is smaller than the context
@@ -15,17 +21,20 @@
 # outlasts the timeout), and `scrub_on_free` (zero pages on free: the costly contrast).
 
 # %%
+import random
+import statistics
 import time
 
 import matplotlib.pyplot as plt
 import torch
 
 from minikv.checkpoint import load_model
-from minikv.disagg.cluster import Cluster, ClusterConfig
+from minikv.disagg.cluster import POST_FIX_PREFILL_PAGES, Cluster, ClusterConfig
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
+from minikv.exercises.nb06_fixes import check_poisoned_pages
 from minikv.viz import find_event, page_map
-from minikv.workload import Note, note_prompt
+from minikv.workload import Note, expected_reply, long_document_prompt, note_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -71,23 +80,25 @@ assert leaks(matrix["cache_salt"]["over-length"]) and leaks(matrix["cache_salt"]
 print("every switch closes exactly the path it was built for")
 
 # %% [markdown]
-# What `reject_check` changes, in the pools: the decode node still reserved Bob's pages over Alice's stale
-# data (hatched), but the prefill gate retired the request, the transfer failed with the reason, and decode
-# freed the reservation *without reading it*: no page is marked red.
+# What `reject_check` changes, in the pools. The prefill gate retires Bob's request in the same step it
+# is marked for abort; the decode node, which had opened his bootstrap room, aborts it before reserving a
+# single page. The map below is the moment the decode node answers him 400: Alice's stale pages sit
+# untouched in her faded colour, nothing is reserved for Bob, and no page is marked red.
 
 # %%
 fixed = run_scenario("over-length", model, tok, vulnerable.with_switches(enable=["reject_check"]), secret=SECRETS["over-length"])
 log = fixed.cluster.log
 retired = find_event(log, "finish", request_id="bob-1", node="decode")
 print(log.events[retired])
+assert not [e for e in log.for_request("bob-1") if e.kind == "allocate"]  # not one page, on either node
 assert fixed.cluster.decode_audit.violations == 0 and not log.of_kind("cross_read")
-page_map(log, {"prefill": 42, "decode": 125}, at=retired - 1, request="bob-1", page_size=16)
+page_map(log, {"prefill": 42, "decode": 125}, at=retired, page_size=16)
 
 # %% [markdown]
 # How to read it:
 # - `reject_check` answers Bob **400** with the reason: the bug is gone, not just detected.
 # - `kv_checksum` and `kv_canary` answer **500**: decode notices that the KV it is about to read never arrived
-#   (one token sent where 800 were expected; the poison still sitting in 49 of 50 pages). They are smoke
+#   (one token sent where 800 were expected; the poison still sitting in most of Bob's pages). They are smoke
 #   detectors: they stop the leak and fail loudly, whatever the cause.
 # - `startup_check` refuses to start the mismatched cluster at all. Its message says what to change:
 
@@ -100,13 +111,31 @@ print("with context_len=672:", lowered.attacker.status, lowered.attacker.error)
 assert lowered.attacker.status == 400 and SECRETS["over-length"] not in lowered.attacker.text
 
 # %% [markdown]
-# This is the maintainers' first recommendation in words: after any change of weights, quantization,
-# parallelism or memory fraction, read the KV pool size that **each** prefill and decode node logs at
-# startup, and if it is smaller than the context length, lower the context length.
+# This is the maintainers' second recommendation, after upgrading: after any change of weights,
+# quantization, parallelism or memory fraction, read the KV pool size that **each** prefill and decode
+# node logs at startup, and if it is smaller than the context length, lower the context length.
 
 # %%
 for line in Cluster(model, tok, ClusterConfig(), SafetySwitches.preset("safe").with_switches(disable=["startup_check"])).startup_log():
     print(line)
+
+# %% [markdown]
+# ## The operators' fix: a pool that holds the window
+#
+# Lowering the window is one way out; the operators took the other. After the fix, the disclosure says, the
+# **prefill** pool holds about **2.04 million** tokens, roughly twice the 1,048,576-token context. Scaled by
+# 1/1024 that is about 1,992 tokens: 125 pages of 16, **2,000 tokens**. (The decode pool's size was not
+# disclosed; ours, 2,000 tokens, is our own choice.) With the safe preset, `startup_check` included, the
+# cluster now starts, and Bob's 800-token prompt is simply read and answered: his own answer, not Alice's.
+
+# %%
+post_fix = ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)
+served = run_scenario("over-length", model, tok, SafetySwitches.preset("safe"), secret=SECRETS["over-length"], config=post_fix)
+bob_prompt = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))  # the scenario's prompt (seed 0)
+print(f"prefill pool {post_fix.prefill_tokens} tokens, decode pool {post_fix.decode_tokens}, window {post_fix.context_len}")
+print("bob:", served.attacker.status, f"prompt_tokens={served.attacker.usage.prompt_tokens}", repr(served.attacker.text))
+assert served.refused is None and served.attacker.status == 200
+assert served.attacker.text == expected_reply(bob_prompt) and served.cross_tenant_reads == 0
 
 # %% [markdown]
 # ## Scrubbing hides the symptom
@@ -114,39 +143,53 @@ for line in Cluster(model, tok, ClusterConfig(), SafetySwitches.preset("safe").w
 # `scrub_on_free` zeroes every page when it is freed. Bob no longer reads Alice's card number, but nothing
 # else changed: the rejected request is still admitted, still answered **200**, with `prompt_tokens` of 800,
 # and a reply computed over zeros. The bug is intact; only the evidence is gone.
+#
+# The audit says the same. A scrubbed slot was written by nobody, so the matrix's cross-tenant reads drop
+# to 0; but the audit still catches Bob reading memory he never wrote, at every decode step. (The audit
+# counts one event per decode step and per writer read: a reply that runs on for 64 tokens over zeros
+# yields more events than the vulnerable reply, which copies Alice's note and stops.)
 
 # %%
 scrubbed = run_scenario("over-length", model, tok, vulnerable.with_switches(enable=["scrub_on_free"]),
                         secret=SECRETS["over-length"])
+audit = scrubbed.cluster.decode_audit
 print(scrubbed.attacker.status, scrubbed.attacker.usage.prompt_tokens, repr(scrubbed.attacker.text))
+print(f"cross-tenant reads {audit.cross_tenant_reads}; reads of memory nobody wrote {audit.violations}, "
+      f"over {scrubbed.attacker.usage.completion_tokens} generated tokens")
 assert scrubbed.attacker.status == 200 and scrubbed.attacker.usage.prompt_tokens == BOB_PROMPT_CHARS
 assert SECRETS["over-length"] not in scrubbed.attacker.text
+assert audit.cross_tenant_reads == 0 and audit.violations > 0 and all(e.victim is None for e in audit.events)
 
 # %% [markdown]
 # ## What each switch costs
 #
 # Serve the same ordinary traffic (no over-length prompts, no aborts) with the vulnerable preset plus one
-# switch, and compare the time with the vulnerable preset alone. The numbers vary from run to run and machine
-# to machine; `python -m minikv bench` measures them with repeats.
+# switch, and compare the time with the vulnerable preset alone. A laptop is rarely idle, so the cell
+# measures in **rounds**: in each round every configuration runs once, in an order that alternates from round
+# to round, and each switch's time is divided by the vulnerable time *of the same round*; the median of those
+# ratios is the cost. Absolute times depend on the machine and on what else it is doing; on this tiny model
+# even the ratios wobble by ten percent or so, which is why `python -m minikv bench` measures with more
+# repeats.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# (measured times)
+# (measured times: they depend on the machine and its load)
 prompts = [note_prompt(t, Note("pin", f"{i:04d}")) for i, t in enumerate(["alice", "bob", "carol", "dave"] * 4)]
 roomy = ClusterConfig(prefill_pages=128, decode_pages=256, event_log=False, audit=False)
+configs = {"(none)": vulnerable} | {name: vulnerable.with_switches(enable=[name]) for name in SafetySwitches.names()}
 
-def serve_time(switches, repeats=3):
-    best = float("inf")
-    for _ in range(repeats):
-        cluster = Cluster(model, tok, roomy, switches)
-        start = time.perf_counter()
-        out = cluster.generate(prompts, max_tokens=24)
-        best = min(best, time.perf_counter() - start)
+def serve_time(switches):
+    cluster = Cluster(model, tok, roomy, switches)
+    start = time.perf_counter()
+    out = cluster.generate(prompts, max_tokens=24)
     assert all(r.status == 200 for r in out)
-    return best
+    return time.perf_counter() - start
 
-base = serve_time(vulnerable)
-costs = {name: serve_time(vulnerable.with_switches(enable=[name])) / base for name in SafetySwitches.names()}
+rounds = []
+for r in range(3):
+    order = list(configs) if r % 2 == 0 else list(reversed(configs))  # interleaved
+    rounds.append({name: serve_time(configs[name]) for name in order})
+costs = {name: statistics.median(t[name] / t["(none)"] for t in rounds) for name in SafetySwitches.names()}
 for name, ratio in costs.items():
     print(f"{name:20s} {ratio:5.2f}x the vulnerable preset's time")
 assert all(ratio > 0 for ratio in costs.values())
@@ -154,10 +197,11 @@ assert all(ratio > 0 for ratio in costs.values())
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (measured times)
-fig, ax = plt.subplots(figsize=(6, 2.8))
-ax.barh(list(costs), list(costs.values()), color="#0072B2")
+fig, ax = plt.subplots(figsize=(6.5, 3))
+ax.barh(list(costs), list(costs.values()), color="#999999")
 ax.axvline(1.0, color="black", lw=0.8)
-ax.set_xlabel("time / time with no switch"); ax.set_title("Cost of each switch on ordinary traffic")
+ax.set_xlabel("time with the switch / time without it  (above 1: slower)")
+ax.set_title("Cost of each switch on ordinary traffic (median ratio of 3 rounds)")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -169,7 +213,10 @@ plt.tight_layout(); plt.show()
 #
 # The benchmark measures the same costs on 32 requests, 5 interleaved repeats, next to `transformers`'
 # own generation. This is the figure committed beside the README, from the machine that measured it
-# (`python -m minikv bench --plot docs/bench.png`, about two minutes on 2 CPU cores):
+# (`python -m minikv bench --plot docs/bench.png`, about two minutes on an idle 2-core machine; this copy
+# was measured while other jobs kept the machine busy, so its tokens per second sit below the README's
+# table). Its right panel reads like the plot above, as a cost: time relative to the vulnerable pair, above
+# 1 slower. Its left panel is throughput, higher is better.
 
 # %%
 from IPython.display import Image
@@ -188,18 +235,17 @@ Image(filename=str(figure), width=720)
 # computes in the over-length case (tokens, pages), then check with
 # `run_scenario(..., vulnerable.with_switches(enable=["kv_checksum"]))` and read the attacker's error.
 #
-# **2.** Turn on `kv_canary` alone and read the error: how many of Bob's prompt pages still held the poison?
-# Compute it from the page size and the prompt length, and check:
+# **2.** `kv_canary` poisons every page decode reserves; the transfer must overwrite the poison before decode
+# reads. Write `poisoned_pages(prompt_tokens, page_size, tokens_transferred)`: how many of the prompt's pages
+# still hold the poison when only `tokens_transferred` tokens of KV arrived (a transfer writes whole pages)?
+# The checker tries it on twelve transfers; then compare with the error `kv_canary` gives Bob.
 
 # %%
 def poisoned_pages(prompt_tokens, page_size, tokens_transferred):
     raise NotImplementedError  # your code here
 
 try:
-    got = poisoned_pages(BOB_PROMPT_CHARS, 16, 1)
-    canary = run_scenario("over-length", model, tok, vulnerable.with_switches(enable=["kv_canary"]))
-    assert f"intact in {got} of" in canary.attacker.error, canary.attacker.error
-    print("correct:", canary.attacker.error)
+    check_poisoned_pages(poisoned_pages)
 except NotImplementedError:
     print("not solved yet: write poisoned_pages, then run this cell again")
 
@@ -209,9 +255,15 @@ except NotImplementedError:
 def poisoned_pages(prompt_tokens, page_size, tokens_transferred):
     return -(-prompt_tokens // page_size) - -(-tokens_transferred // page_size)
 
+check_poisoned_pages(poisoned_pages)
+
+# %% [markdown]
+# Against the engine: Bob's prompt, pages of 16, one token transferred.
+
+# %%
 canary = run_scenario("over-length", model, tok, vulnerable.with_switches(enable=["kv_canary"]))
+print(canary.attacker.error)
 assert f"intact in {poisoned_pages(BOB_PROMPT_CHARS, 16, 1)} of" in canary.attacker.error
-print("correct:", canary.attacker.error)
 
 # %% [markdown]
 # **3.** Which switches would you ship, and which would you leave off? Defend the choice with the matrix and the

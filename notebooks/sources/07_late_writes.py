@@ -20,6 +20,7 @@ from minikv.disagg.scenarios import CAROL_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises.nb07_late_writes import check_largest_safe_cap
 from minikv.viz import find_event, page_map, show_replay, timeline
+from minikv.viz.queues import wire_spans
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -72,9 +73,13 @@ assert events and events[0].reader == "dave-1"
 page_map(log, {"prefill": config.prefill_pages, "decode": config.decode_pages},
          at=find_event(log, "cross_read", request_id="dave-1"), request="dave-1", page_size=config.page_size)
 
+# %% [markdown]
+# The player opens on that read; drag the slider back to watch Carol's pages freed, handed to Dave, and
+# overwritten by the late batch.
+
 # %%
 show_replay(log, {"prefill": config.prefill_pages, "decode": config.decode_pages}, request="dave-1",
-            page_size=config.page_size)
+            page_size=config.page_size, start=find_event(log, "cross_read", request_id="dave-1"))
 
 # %% [markdown]
 # Notice what the other switches could not do. The KV checksum and the canary check Dave's pages when *his*
@@ -113,8 +118,14 @@ print(f"carol: {capped.victim.status}; {len(posts)} batches posted: {[len(e.page
 print("dave: ", capped.attacker.status, repr(capped.attacker.text))
 assert capped.victim.status == 200 and len(posts) == 5 and KEY not in capped.attacker.text
 
+# %% [markdown]
+# On the timeline, Carol's row has a third lane for her KV on the wire: five grey batches, one after the
+# other, each landing before the next is posted, while her decode side waits in `decode.transfer`.
+
 # %%
-timeline(capped.cluster.log, title="With a batch cap: Carol's transfer in five batches, nobody aborted")
+picture = timeline(capped.cluster.log, title="With a batch cap: Carol's transfer in five batches, nobody aborted")
+assert len([b for b in wire_spans(capped.cluster.log) if b.request_id == "carol-1"]) == 5
+picture
 
 
 # %% [markdown]

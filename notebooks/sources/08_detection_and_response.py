@@ -9,7 +9,7 @@
 # - what to do next: quarantine, keep the outputs out of other systems and training sets, rotate credentials, ask about notification duties, contact the provider;
 # - what the disclosure tells you, and what it leaves open.
 #
-# You play Northwind, a fictional law firm that reviews bundles of contracts with hosted models. Its gateway logged every call in August and September 2026 in `data/gateway_logs.jsonl.gz`: 40,000 lines written from seed 0 by `python -m minikv make-logs data/gateway_logs.jsonl.gz`. The log is synthetic; the incident inside it follows INCIDENT.md. Token counts here are the real ones, unscaled: a gateway log holds counts, not KV pages, so the 1/1024 scale of the engine notebooks does not apply.
+# You play Northwind, a fictional law firm that reviews bundles of contracts with hosted models. Its gateway logged every call in August and September 2026 in `data/gateway_logs.jsonl.gz`: 40,000 lines written from seed 0 by `python -m minikv make-logs data/gateway_logs.jsonl.gz`. The log is synthetic; the incident inside it follows the disclosed facts in [`docs/incident.md`](../docs/incident.md), and everything else in it (Northwind, its accounts, which calls leaked what, the exact times) is our invention. Token counts here are the real ones, unscaled: a gateway log holds counts, not KV pages, so the 1/1024 scale of the engine notebooks does not apply.
 
 # %%
 import gzip
@@ -23,6 +23,7 @@ from minikv.logs.gateway_log import (
     CONTEXT_WINDOW_TOKENS, INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, INCIDENT_MODEL, OUTAGE_END,
     OUTAGE_START, PREFILL_POOL_TOKENS, SHIPPED_LOG, GatewayRecord, MalformedLine, iter_log,
 )
+from minikv.exercises.nb08_detection import check_ceiling, check_mrn_pattern, check_unreviewable
 from minikv.logs.scan import Checklist, Signals, format_report, implied_prefill_rate, scan_log, scan_records
 
 # %% [markdown]
@@ -131,7 +132,7 @@ print(statuses)
 assert statuses == {200: 20, 503: 2}
 
 # %% [markdown]
-# Twenty of the 22 calls came back 200 with a fluent reply, and with `prompt_tokens` showing the whole long prompt. The two 503s fell inside the outage (14:25 to 20:09 UTC on 9 September) while the model was private. A monitor that checks status codes, like the operators' own long-context tests, sees nothing wrong here.
+# Twenty of the 22 calls came back 200 with a fluent reply, and with `prompt_tokens` showing the whole long prompt. The two 503s fell inside the window in which the provider's status page reported "increased errors" (14:25 to 20:09 UTC on 9 September). The disclosure says the model was taken private that day and restored the same evening; that it was unavailable for exactly those hours is our synthetic log's assumption, not the disclosure's. A monitor that checks status codes, like the operators' own long-context tests, sees nothing wrong here.
 #
 # ## The one outward tell: time to first token
 #
@@ -165,7 +166,7 @@ print(f"{len(too_fast)} of the {len(step2)} calls came back faster than {ceiling
 assert len(too_fast) == 18 and slowest > 10 * ceiling
 
 # %% [markdown]
-# The other four calls in the set: the two 503s, with no first token to time, and two calls after 20:09 on 9 September, when the fixed service read the whole prompt and took a minute or more. The checklist is a superset by design: every affected response is in it, but not every call in it was affected.
+# The other four calls in the set: the two 503s, with no first token to time, and two calls after 20:09 on 9 September, when (in our synthetic log) the fixed service read the whole prompt and took a minute or more. The checklist is a superset by design: every affected response is in it, but not every call in it was affected.
 
 # %%
 for r in step2:
@@ -184,7 +185,7 @@ assert fast_outside and max(r.prompt_tokens for r in fast_outside) < PREFILL_POO
 # %% [markdown]
 # ## A timeline
 #
-# Where in time did the set fall? Each long GLM-5.3 call is a point; the window is shaded, the day the researcher reported it and the outage are marked.
+# Where in time did the set fall? Each long GLM-5.3 call is a point; the window is shaded, the day the researcher reported it and the status page's error window are marked.
 
 # %%
 utc = timezone.utc
@@ -195,18 +196,18 @@ long_calls = [r for r in records if r.model == INCIDENT_MODEL and r.prompt_token
 groups = {
     "other long GLM-5.3 calls": ([r for r in long_calls if r.request_id not in in_set], "0.6", "o"),
     "in the set, answered too soon": (too_fast, "crimson", "o"),
-    "in the set, 503 during the outage": ([r for r in step2 if r.status == 503], "orange", "s"),
+    "in the set, 503 in the error window": ([r for r in step2 if r.status == 503], "orange", "s"),
     "in the set, served after the fix": ([r for r in step2 if r.status == 200 and r not in too_fast], "tab:blue", "D"),
 }
 fig, ax = plt.subplots(figsize=(11, 4))
 ax.axvspan(window_start, window_end, color="mistyrose", label="window (UTC days, both included)")
-ax.axvspan(OUTAGE_START, OUTAGE_END, color="orange", alpha=0.4, label="outage 14:25-20:09")
+ax.axvspan(OUTAGE_START, OUTAGE_END, color="orange", alpha=0.4, label="status page: increased errors, 14:25-20:09")
 ax.axvline(datetime(2026, 9, 8, tzinfo=utc), color="k", lw=0.8, ls=":", label="reported (8 September)")
 for label, (rows, color, marker) in groups.items():
     ax.scatter([r.timestamp for r in rows], [r.prompt_tokens / 1000 for r in rows], s=20, c=color, marker=marker, label=label)
 ax.axhline(PREFILL_POOL_TOKENS / 1000, color="crimson", lw=0.8, ls="--", label="681,280 tokens")
 ax.set(ylabel="prompt tokens (thousands)", title="Long GLM-5.3 calls around the window")
-ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.01, 1))
 fig.autofmt_xdate()
 fig.tight_layout()
 plt.show()
@@ -289,70 +290,85 @@ assert report[-1] == result.zone_note()
 #
 # ## Exercises
 #
-# Each exercise has a checker: write your answer in a new cell and call it. The solution sits in the hidden cell under each one (click the collapsed cell to show it).
+# Each exercise has a checker that tries your answer on small logs it generates, where it knows the right answer; then the cell after the hidden solution applies it to Northwind's log. The solution sits in the hidden cell under each one (click the collapsed cell to show it).
 #
-# **Exercise 1.** Some replies in the checklist's set came back 200 but were never stored, so no one can read them. Set `unreviewable` to the set of their request ids.
+# **Exercise 1.** Some replies in the checklist's set came back 200 but were never stored, so no one can read them. Write `unreviewable(affected)`: given the records in the set, the request ids of those replies.
 
 # %%
-def check_unreviewable(answer: set[str]) -> None:
-    assert isinstance(answer, set), "give a set of request ids"
-    expected = {r.request_id for r in result.affected if r.status == 200 and not r.response_text}
-    assert answer == expected, f"{len(expected - answer)} missing, {len(answer - expected)} that should not be there"
-    print(f"Correct: {len(answer)} replies in the set were never stored; treat them as exposed.")
+def unreviewable(affected):
+    raise NotImplementedError  # your code here
 
-# unreviewable = ...
-# check_unreviewable(unreviewable)
+try:
+    check_unreviewable(unreviewable)
+except NotImplementedError:
+    print("not solved yet: write unreviewable, then run this cell again")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-unreviewable = {r.request_id for r in step2 if r.status == 200 and r.account == "northwind-batch"}
+# Solution: a 200 came back with a reply; an empty stored text means nobody can ever read it.
+def unreviewable(affected):
+    return {r.request_id for r in affected if r.status == 200 and not r.response_text}
+
 check_unreviewable(unreviewable)
 
+# %%
+never_stored = unreviewable(result.affected)
+print(f"{len(never_stored)} replies in Northwind's set were never stored, from {sorted({r.account for r in result.affected if r.request_id in never_stored})}")
+assert never_stored <= in_set
 
 # %% [markdown]
-# **Exercise 2.** Some replies hold a patient's medical record number: `MRN` followed by eight digits. Write a regular expression `mrn_pattern` that, given to `Signals(patterns=(mrn_pattern,))`, flags every reply in the log that holds one, and no other.
+# **Exercise 2.** Some replies hold a patient's medical record number: the word `MRN`, a space, and exactly eight digits. Write a regular expression `mrn_pattern` that, given to `Signals(patterns=(mrn_pattern,))`, flags a reply that holds one, and not its near misses (seven or nine digits, `mrn` in lower case, `XMRN`, a number without `MRN`).
 
 # %%
-def check_mrn_pattern(pattern: str) -> None:
-    signals = Signals(patterns=(pattern,))
-    hits = {f.record.request_id for f in scan_records(records, signals=signals).flags if f"pattern:{pattern}" in f.reasons}
-    def holds_mrn(text: str) -> bool:
-        words = [w.strip(".,;:") for w in text.split()]
-        return any(a == "MRN" and len(b) == 8 and b.isdigit() for a, b in zip(words, words[1:]))
-    expected = {r.request_id for r in records if holds_mrn(r.response_text)}
-    assert hits == expected, f"flags {len(hits)} replies; {len(expected)} hold a record number"
-    assert expected <= in_set
-    print(f"Correct: the pattern flags the {len(hits)} replies with a medical record number, all in the checklist's set.")
+mrn_pattern = None  # your regular expression here, as a string: r"..."
 
-# mrn_pattern = r"..."
-# check_mrn_pattern(mrn_pattern)
+if mrn_pattern is None:
+    print("not solved yet: set mrn_pattern, then run this cell again")
+else:
+    check_mrn_pattern(mrn_pattern)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: \b keeps MRN a whole word and stops a ninth digit from matching.
 mrn_pattern = r"\bMRN \d{8}\b"
 check_mrn_pattern(mrn_pattern)
 
+# %%
+mrn_hits = {f.record.request_id for f in scan_records(records, signals=Signals(patterns=(mrn_pattern,))).flags
+            if f"pattern:{mrn_pattern}" in f.reasons}
+print(f"{len(mrn_hits)} replies in Northwind's log hold a record number, all in the checklist's set: {mrn_hits <= in_set}")
+assert mrn_hits and mrn_hits <= in_set
 
 # %% [markdown]
-# **Exercise 3.** Choose a ceiling `ceiling_tokens_per_s` at which the TTFT signal flags every call in the set that came back 200 before the outage began, and not a single call outside the set. How wide is the range that works, and what would narrow it in a real log?
+# **Exercise 3.** Write `choose_ceiling(records, in_set, outage_start)`: from a log, a prefill-rate ceiling at which the TTFT signal flags every call in the set that came back 200 before `outage_start`, and not a single call outside the set. The checker tries it on five generated logs, each with servers of a different speed, so no fixed number passes. Then: how wide is the range that works in Northwind's log, and what would narrow it in a real one?
 
 # %%
-def check_ceiling(ceiling_tokens_per_s: float) -> None:
-    signals = Signals(max_prefill_tokens_per_s=ceiling_tokens_per_s)
-    fast = {f.record.request_id for f in scan_records(records, signals=signals).flags if "ttft_anomaly" in f.reasons}
-    before_outage = {r.request_id for r in step2 if r.status == 200 and r.timestamp < OUTAGE_START}
-    assert before_outage <= fast, f"{len(before_outage - fast)} calls in the set came back too soon but are not flagged: lower it"
-    assert fast <= in_set, f"{len(fast - in_set)} calls outside the set are flagged: raise it"
-    print(f"Correct: at {ceiling_tokens_per_s:,.0f} tokens/s the signal flags exactly the {len(fast)} calls that came back too soon.")
+def choose_ceiling(records, in_set, outage_start):
+    raise NotImplementedError  # your code here
 
-# ceiling_tokens_per_s = ...
-# check_ceiling(ceiling_tokens_per_s)
+try:
+    check_ceiling(choose_ceiling)
+except NotImplementedError:
+    print("not solved yet: write choose_ceiling, then run this cell again")
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
-# Anything between the fastest call outside the set (prefix-cache hits) and the slowest leaked call works.
+# Solution: anything between the fastest call outside the set (prefix-cache hits) and the slowest leaked call
+# works; the geometric middle keeps a margin on both sides on a log scale.
+from minikv.logs.scan import implied_prefill_rate
+
+def choose_ceiling(records, in_set, outage_start):
+    rates = {r.request_id: implied_prefill_rate(r) for r in records}
+    fastest_outside = max(rate for rid, rate in rates.items() if rid not in in_set and rate is not None)
+    slowest_leaked = min(rates[r.request_id] for r in records
+                         if r.request_id in in_set and r.status == 200 and r.timestamp < outage_start)
+    return (fastest_outside * slowest_leaked) ** 0.5
+
+check_ceiling(choose_ceiling)
+
+# %%
+northwind_ceiling = choose_ceiling(records, in_set, OUTAGE_START)
 fastest_outside = max(implied_prefill_rate(r) for r in rest)
-print(f"works between {fastest_outside:,.0f} and {slowest:,.0f} tokens/s")
-ceiling_tokens_per_s = 1_000_000
-check_ceiling(ceiling_tokens_per_s)
+print(f"Northwind: anything between {fastest_outside:,.0f} and {slowest:,.0f} tokens/s works; the function chose {northwind_ceiling:,.0f}")
+assert fastest_outside < northwind_ceiling < slowest
 # A real log narrows it: bigger cache hits, faster servers, and leaks on prompts nearer the threshold.

@@ -92,6 +92,7 @@ class OwnershipAudit:
         """`pages` were scrubbed (zeroed): their slots now hold what nobody wrote."""
         for page in pages:
             self.writers[page * self.page_size:(page + 1) * self.page_size] = NEVER_WRITTEN
+            self.positions[page * self.page_size:(page + 1) * self.page_size] = UNKNOWN_POSITION
 
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
         """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S)."""

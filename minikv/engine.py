@@ -52,6 +52,8 @@ class Engine(FrontDoor):
         self.pool = PagePool(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype, scrub_on_free,
                              prefix_caching=config.prefix_caching)
         self.audit = OwnershipAudit(self.pool.num_pages * self.pool.page_size, self.pool.page_size, node, model.device) if config.audit else None
+        if self.audit is not None and scrub_on_free:
+            self.pool.on_scrub = self.audit.forget  # a scrubbed slot was written by nobody
         self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
         self.clock = Clock()  # the engine's step number; only step() advances it
         self.scheduler = Scheduler(self.pool, config, self.log, node, self.clock)

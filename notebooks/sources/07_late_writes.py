@@ -16,7 +16,7 @@ import torch
 
 from minikv.checkpoint import load_model
 from minikv.disagg.cluster import ClusterConfig
-from minikv.disagg.scenarios import CAROL_PROMPT_CHARS, run_scenario
+from minikv.disagg.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises.nb07_late_writes import check_largest_safe_cap
 from minikv.viz import find_event, page_map, show_replay, timeline

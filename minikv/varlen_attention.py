@@ -63,7 +63,7 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
     """
     device = block_tables.device
     assert bool((num_new >= 1).all()), "every request adds at least one token"
-    B, N, block_k = len(num_new), int(num_new.sum()), pages_per_tile * page_size
+    N, block_k = int(num_new.sum()), pages_per_tile * page_size
     block_tables = F.pad(block_tables, (0, pages_per_tile))  # a tile past the last page reads page 0, masked
     cu_q = torch.cumsum(num_new, 0) - num_new  # (B,) first row of each request in q
     blocks_per_seq = (num_new + block_q - 1) // block_q  # (B,)

@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -64,7 +63,8 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
     device = block_tables.device
     assert bool((num_new >= 1).all()), "every request adds at least one token"
     N, block_k = int(num_new.sum()), pages_per_tile * page_size
-    block_tables = F.pad(block_tables, (0, pages_per_tile))  # a tile past the last page reads page 0, masked
+    # a tile past a request's last page reads its first page again (masked): no other request's data
+    block_tables = torch.cat([block_tables, block_tables[:, :1].expand(-1, pages_per_tile)], dim=1)
     cu_q = torch.cumsum(num_new, 0) - num_new  # (B,) first row of each request in q
     blocks_per_seq = (num_new + block_q - 1) // block_q  # (B,)
     block_seq, block_idx = segments(blocks_per_seq)  # (n_blocks,) each block's request and rank in it

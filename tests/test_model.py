@@ -98,3 +98,14 @@ def test_unsupported_rope_scaling_is_refused():
                       num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ValueError, match="rope_type 'linear'"):
         ModelConfig.from_hf(cfg)
+
+
+def test_packed_weights_round_trip_to_transformers_names():
+    """qkv_proj and gate_up_proj split back into transformers' q/k/v and gate/up weights exactly."""
+    from minikv.checkpoint import to_hf_state_dict
+
+    ours, hf = random_pair(2, **RANDOM_CONFIGS[4])  # GQA with head_dim != hidden / heads
+    back = to_hf_state_dict(ours)
+    want = hf.state_dict()
+    assert set(back) == set(want)
+    assert all(torch.equal(back[name], want[name]) for name in want)

@@ -33,13 +33,12 @@ class ModelRunner:
         Every sequence must already own pages for all of its tokens. Updates `num_cached`,
         `output_ids` and the timings of each sequence.
         """
-        slices, ids, positions, last = [], [], [], []
+        slices, ids, last = [], [], []
         ps = self.pool.page_size
         for seq, toks in zip(seqs, new_tokens):
             start, end = seq.num_cached, seq.num_cached + len(toks)
             assert len(seq.block_table) * ps >= end, f"{seq.request_id} has pages for {len(seq.block_table) * ps} tokens, needs {end}"
             slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
-            positions += range(start, end)
             ids += toks
             last.append(len(ids) - 1)
             if self.log.enabled:
@@ -50,10 +49,9 @@ class ModelRunner:
                                    tuple(seq.block_table[: self.pool.pages_for(end)]), f"attend over {end} tokens"))
         device = self.model.device
         seen = len(self.audit.events) if self.audit is not None else 0
-        logits = self.model(
-            torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-            PagedStep(self.pool, slices, self.audit), logits_index=torch.tensor(last, device=device),
-        )  # (B, V)
+        step = PagedStep(self.pool, slices, self.audit)  # block tables, positions, slots: tensors, once per step
+        logits = self.model(torch.tensor(ids, device=device), step.positions, step,
+                            logits_index=torch.tensor(last, device=device))  # (B, V)
         if self.audit is not None:
             for e in self.audit.events[seen:]:
                 victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"

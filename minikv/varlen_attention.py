@@ -107,8 +107,11 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
     KVH = kv_pages.shape[3]
     G, Bq, Bk = H // KVH, plan.block_q, plan.block_k
     n_blocks, n_tiles, R = plan.block_rows.shape[0], plan.tile_block.shape[0], plan.block_q * (H // KVH)
-    q_padded = torch.cat([q * (1.0 / math.sqrt(D)), q.new_zeros(1, H, D)])  # (N + 1, H, D): row N pads blocks
-    q_blocks = q_padded[plan.block_rows].view(n_blocks, Bq, KVH, G, D)
+    q = q * (1.0 / math.sqrt(D))  # the softmax scale, applied to the fewest numbers
+    if Bq == 1:  # one query per block (decode): no padding rows
+        q_blocks = q.view(n_blocks, Bq, KVH, G, D)
+    else:
+        q_blocks = torch.cat([q, q.new_zeros(1, H, D)])[plan.block_rows].view(n_blocks, Bq, KVH, G, D)  # row N pads
     q_blocks = q_blocks.permute(0, 2, 1, 3, 4).reshape(n_blocks, KVH, R, D)  # a KV head's queries together
     kv = kv_pages.reshape(2, -1, D).index_select(1, plan.kv_rows).view(2, n_tiles, KVH, Bk, D)  # one gather, K and V
     tile_q = q_blocks if n_tiles == n_blocks else q_blocks[plan.tile_block]  # (n_tiles, KVH, R, D)
@@ -123,4 +126,4 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
     out = q.new_zeros(n_blocks, KVH, R, D).index_add_(0, plan.tile_block, probs @ kv[1])
     out = out / denom.clamp_min(torch.finfo(q.dtype).tiny)[..., None]  # padded rows: 0 / tiny = 0
     out = out.view(n_blocks, KVH, Bq, G, D).permute(0, 2, 1, 3, 4).reshape(n_blocks * Bq, H, D)
-    return out[plan.out_rows]  # (N, H, D)
+    return out if Bq == 1 else out[plan.out_rows]  # (N, H, D)

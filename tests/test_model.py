@@ -109,3 +109,14 @@ def test_packed_weights_round_trip_to_transformers_names():
     want = hf.state_dict()
     assert set(back) == set(want)
     assert all(torch.equal(back[name], want[name]) for name in want)
+
+
+def test_fused_rms_norm_equals_the_operation_by_operation_reference():
+    """RMSNorm's fused float32 path gives exactly the bits of transformers' formula."""
+    from minikv.model import RMSNorm
+
+    torch.manual_seed(3)
+    norm = RMSNorm(48, 1e-6)
+    norm.weight.data.normal_()
+    x = torch.randn(64, 48) * 5
+    assert torch.equal(norm(x), norm.reference(x))

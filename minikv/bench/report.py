@@ -152,7 +152,7 @@ class BenchReport:
             r = self.roofline
             lines += [f"Roofline: the decode step does {r.decode_gflops:.1f} GFLOP/s, {r.decode_fraction:.0%} of the "
                       f"{r.decode_matmul_gflops:.1f} GFLOP/s its linear layers reach alone (matmuls of the same shapes, "
-                      f"this run); a prefill of every prompt does {r.prefill_gflops:.1f} GFLOP/s, "
+                      f"this run, both per second of {'CPU' if self.device.startswith('cpu') else 'wall'} time); a prefill of every prompt does {r.prefill_gflops:.1f} GFLOP/s, "
                       f"{r.prefill_fraction:.0%} of {r.prefill_matmul_gflops:.1f}.", ""]
         lines += ["| target | measured | met |", "| --- | ---: | :---: |"]
         for target, measured, met in self.targets():

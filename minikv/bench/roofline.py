@@ -5,7 +5,8 @@ attention of each query over the keys it may see, and the vocabulary projection 
 whose logits are kept. `forward_flops` counts them. The "roof" is what this machine does when
 it does nothing but those linear layers' matmuls, at the same shapes, measured in the same run
 (`matmul_rate`): a step that reached it would spend no time on gathers, softmax, norms, Python
-or launches. `decode_fraction` and `prefill_fraction` are the step's FLOP rate over that rate.
+or launches. `decode_fraction` and `prefill_fraction` are the step's FLOP rate over that rate,
+both timed by the same clock (`busy_clock`: CPU time on a CPU, wall time on a GPU).
 """
 
 from __future__ import annotations
@@ -114,16 +115,29 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
     return run
 
 
-def paired_seconds(first: Callable[[], object], second: Callable[[], object], iters: int) -> tuple[float, float]:
-    """Median seconds of each, timed alternately so that a busy host slows both alike (after one warm-up)."""
+def paired_seconds(first: Callable[[], object], second: Callable[[], object], iters: int,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Median seconds of each by `clock`, timed alternately so that drift in the host hits both alike."""
     times: tuple[list[float], list[float]] = ([], [])
-    for i in range(iters + 1):
+    for i in range(iters + 1):  # one warm-up
         for fn, ts in zip((first, second), times):
-            start = time.perf_counter()
+            start = clock()
             fn()
             if i:
-                ts.append(time.perf_counter() - start)
+                ts.append(clock() - start)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def busy_clock(device: torch.device) -> Callable[[], float]:
+    """The clock a step's FLOP rate is divided by: this thread's CPU time on a CPU, wall time on a GPU.
+
+    On a shared host the wall time of a CPU step includes the time its thread waits for a core
+    (on the 2-core host of the README, a decode step of 6 ms of CPU took 22 ms of wall time at a
+    load of 10), and a long step waits more often than a short burst of matmuls: the CPU time
+    compares the engine's work with the matmuls' work, not the host's queue. A GPU's work does
+    not show on the CPU clock, so there it is wall time (each step ends with a synchronizing copy).
+    """
+    return time.thread_time if device.type == "cpu" else time.perf_counter
 
 
 def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Roofline:
@@ -134,6 +148,7 @@ def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, ite
                                           ("prefill", sum(lens), sum(n * (n + 1) // 2 for n in lens), max(2, iters // 5))):
         matmuls, matmul_flops = linear_layers_only(model, rows)
         with torch.inference_mode():
-            step_s, matmul_s = paired_seconds(paged_step(model, prompts, page_size, phase), matmuls, step_iters)
+            step_s, matmul_s = paired_seconds(paged_step(model, prompts, page_size, phase), matmuls, step_iters,
+                                              busy_clock(model.device))
         rates += [forward_flops(config, rows, keys, len(lens)) / step_s / 1e9, matmul_flops / matmul_s / 1e9]
     return Roofline(*rates)

@@ -34,6 +34,12 @@ ROLE = {  # where each operation comes from in a step
     "aten::add": "residuals, RoPE",
     "aten::cat": "RoPE, padding",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention: SDPA (prefill on CPU)",
+    "aten::sub": "tile plan, softmax",
+    "aten::bitwise_not": "tile plan",
+    "aten::as_strided": "views",
+    "aten::matmul": "dispatch to mm/bmm",
+    "aten::reshape": "views and copies",
+    "aten::all": "the step's page check",
 }
 
 

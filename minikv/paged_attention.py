@@ -13,10 +13,12 @@ Three ways to do that read, each checked against the others in the tests:
   (`gather_attention`); `paged_attention_gather` is this path with Python-built slot lists;
 - `paged_attention_reference`: slot by slot in Python, the obviously correct version.
 
-`PagedStep` uses the tiles for decode, and on a GPU for everything. A CPU prefill goes request
-by request: there each request brings tens to hundreds of queries, so one SDPA call (a fused
-kernel) per request costs less than the tiles' separate matmul, mask and softmax passes
-(measured in README.md's benchmark section).
+`PagedStep` uses the tiles on a GPU for every step, where a loop over requests is a loop of kernel
+launches. On a CPU it uses them to decode a batch of at least `CPU_TILES_MIN_BATCH` requests, and
+goes request by request otherwise: a prefill brings tens to hundreds of queries per request, so
+one fused SDPA call per request costs less than the tiles' separate matmul, mask and softmax
+passes, and a small batch costs less than the ~30 operations that plan the tiles (both measured
+in README.md's benchmark section).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from minikv.page_pool import PagePool
 from minikv.varlen_attention import TilePlan, segments, tile_plan, tiled_attention
 
 TILE_KEYS = 64  # keys per tile in prefill: large enough for the matrix units, small enough to skip the masked half
+CPU_TILES_MIN_BATCH = 16  # on a CPU, decode batches this large take the tiles (measured crossover: 8 to 16)
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class PagedStep:
         decode = max(s.num_new for s in seqs) == 1
         self.plan: TilePlan | None = None
         self.context_slots: list[Tensor] = []
-        if decode or device.type != "cpu":
+        if device.type != "cpu" or (decode and len(seqs) >= CPU_TILES_MIN_BATCH):
             pages_per_tile = 1 if decode else max(1, TILE_KEYS // ps)
             self.plan = tile_plan(self.block_tables, starts, num_new, ps, pool.kv.shape[-2],
                                   block_q=1 if decode else TILE_KEYS, pages_per_tile=pages_per_tile)

@@ -144,17 +144,17 @@ def test_settings_refuse_a_run_with_nothing_to_time():
 
 
 def test_forward_flops_equal_torch_flop_counter():
-    """forward_flops counts what torch's FlopCounterMode counts in a paged decode step (contexts of whole pages)."""
+    """forward_flops counts what torch's FlopCounterMode counts in a tiled paged decode step (contexts of whole pages)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from minikv.bench.roofline import forward_flops
     from minikv.page_pool import PagePool
-    from minikv.paged_attention import PagedStep, SeqSlice
+    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
 
     cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=64)
-    model, rows, context = Llama(cfg).eval(), 3, 20
-    pool = PagePool(cfg, 16, page_size=4)
+    model, rows, context = Llama(cfg).eval(), CPU_TILES_MIN_BATCH, 20  # a batch that takes the tiles
+    pool = PagePool(cfg, 5 * rows, page_size=4)
     slices = [SeqSlice(i + 1, pool.allocate(5, f"r{i}"), context - 1, 1) for i in range(rows)]  # 20 keys each
     step = PagedStep(pool, slices)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:

@@ -9,7 +9,8 @@ import torch
 
 from minikv.model import ModelConfig
 from minikv.page_pool import PagePool
-from minikv.paged_attention import PagedStep, SeqSlice, paged_attention_gather, paged_attention_reference
+from minikv.paged_attention import (CPU_TILES_MIN_BATCH, PagedStep, SeqSlice, paged_attention_gather,
+                                    paged_attention_reference)
 from minikv.varlen_attention import tile_plan, tiled_attention
 
 GQA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layers=2, num_heads=8,
@@ -18,7 +19,7 @@ MHA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layer
                   num_kv_heads=4, head_dim=8, max_position_embeddings=512)
 
 
-def random_batch(seed: int, phase: str, page_size: int, num_pages: int = 256) -> list[SeqSlice]:
+def random_batch(seed: int, phase: str, page_size: int, num_pages: int = 256, num_seqs: int | None = None) -> list[SeqSlice]:
     """Requests of random lengths whose pages are dealt out interleaved (request 0 gets page a, 1 gets b, ...).
 
     phase: "decode" (one new token each), "prefill" (whole prompts, or the rest after a cached
@@ -26,7 +27,7 @@ def random_batch(seed: int, phase: str, page_size: int, num_pages: int = 256) ->
     """
     rng = random.Random(seed)
     seqs_spec = []
-    for _ in range(rng.randint(1, 7)):
+    for _ in range(num_seqs or rng.randint(1, 7)):
         kind = rng.choice(["decode", "prefill"]) if phase == "mixed" else phase
         if kind == "decode":
             start, num_new = rng.randint(0, 60), 1
@@ -65,7 +66,7 @@ def qkv(config: ModelConfig, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
 @pytest.mark.parametrize("page_size", [4, 16])
 def test_paged_step_equals_gather_path_and_reference(phase, config, page_size):
-    """PagedStep.attend equals the per-request gather and the slot-by-slot reference, outputs and pool."""
+    """PagedStep.attend (small CPU batches: request by request) equals the gather path and the reference."""
     for seed in range(4):
         fast, gather, slow = three_pools(config, page_size, seed)
         seqs = random_batch(seed, phase, page_size)
@@ -76,6 +77,20 @@ def test_paged_step_equals_gather_path_and_reference(phase, config, page_size):
         assert torch.allclose(out_fast, out_slow, atol=1e-5), (seed, (out_fast - out_slow).abs().max())
         assert torch.allclose(out_gather, out_slow, atol=1e-5)
         assert torch.equal(fast.kv, slow.kv) and torch.equal(gather.kv, slow.kv)
+
+
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+def test_paged_step_tiles_a_large_decode_batch_and_equals_the_reference(config):
+    """A CPU decode batch of CPU_TILES_MIN_BATCH requests goes through the tiles, with the reference's output."""
+    for seed in range(3):
+        fast, _, slow = three_pools(config, 4, seed)
+        seqs = random_batch(30 + seed, "decode", 4, num_pages=256, num_seqs=CPU_TILES_MIN_BATCH)
+        q, k, v = qkv(config, seqs)
+        step = PagedStep(fast, seqs)
+        assert step.plan is not None, "the tiles were not used"
+        out_fast = step.attend(1, q, k, v)
+        assert torch.allclose(out_fast, paged_attention_reference(slow, 1, seqs, q, k, v), atol=1e-5)
+        assert torch.equal(fast.kv, slow.kv)
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill", "mixed"])

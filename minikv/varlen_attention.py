@@ -7,9 +7,10 @@ request per layer. This file does what FlashAttention's varlen API and vLLM's pa
 kernels do, with plain tensor operations that run on any device:
 
 - **tiles**: each request's queries are cut into blocks of `block_q` rows (1 in decode), and
-  each block meets every page of its request's context it may see, one (query block, page)
-  *tile* at a time. A tile's keys are one page of the pool, read through the block table, so
-  no context is copied into a contiguous row first and no request is padded to another's length;
+  each block meets every key block of its request's context it may see (`pages_per_tile` pages,
+  1 in decode), one (query block, key block) *tile* at a time. A tile's keys are read from the
+  pool through the block table, all tiles' in one gather, and no request is padded to another's
+  length;
 - **split softmax**: each tile computes its scores; the row maxima of all tiles of a block are
   combined with one `scatter_reduce`, and the exponentials and the weighted values are summed
   back per block with `index_add_` (FlashDecoding's split-K reduction).

@@ -56,8 +56,9 @@ class PagedStep:
 
     Queries arrive flat, (N, H, D) with N = sum of num_new. Everything a layer needs is built
     here once per step, as tensors: the block tables (B, max_pages), each new token's position
-    and slot, and the tile plan. Each layer then makes one scatter (the new K/V) and one
-    attention call for the whole batch.
+    and slot, and either the tile plan or each request's context slots and mask. Each layer then
+    makes one scatter (the new K/V) and either one tiled attention call for the whole batch or
+    one SDPA call per request (which one: the module docstring).
     """
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
@@ -74,7 +75,8 @@ class PagedStep:
         self.slot_mapping = pool.slot_mapping(self.block_tables, seq_ids, self.positions)  # (N,) where its K/V go
         decode = max(s.num_new for s in seqs) == 1
         self.plan: TilePlan | None = None
-        self.context_slots: list[Tensor] = []
+        self.context_slots: list[Tensor] = []  # request by request only
+        self.masks: list[Tensor | None] = []
         if device.type != "cpu" or (decode and len(seqs) >= CPU_TILES_MIN_BATCH):
             pages_per_tile = 1 if decode else max(1, TILE_KEYS // ps)
             self.plan = tile_plan(self.block_tables, starts, num_new, ps, pool.kv.shape[-2],

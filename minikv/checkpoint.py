@@ -224,19 +224,46 @@ def load_model(
     return model.to(target).eval(), tokenizer
 
 
+# minikv's packed weights and the transformers weights stacked into each, rows in this order.
+PACKED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
 def from_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """transformers names ('model.layers.0...') -> minikv names ('layers.0...')."""
+    """transformers names ('model.layers.0...') -> minikv names ('layers.0...'), projections packed."""
     out = {k.removeprefix("model."): v for k, v in state.items()}
+    for layer in range(config.num_layers):
+        for packed, parts in PACKED.items():
+            names = [f"layers.{layer}.{part}.weight" for part in parts]
+            out[f"layers.{layer}.{packed}.weight"] = torch.cat([out.pop(n) for n in names])  # (sum of rows, in)
     if config.tie_word_embeddings:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     return out
 
 
+def to_hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
+    """minikv's weights under transformers' names, packed projections split back (the inverse of the above)."""
+    c = model.config
+    rows = {"self_attn.qkv_proj": [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim],
+            "mlp.gate_up_proj": [c.intermediate_size, c.intermediate_size]}
+    state = {}
+    for name, weight in model.state_dict().items():
+        packed = next((p for p in PACKED if name.endswith(f".{p}.weight")), None)
+        if packed is None:
+            state[name if name == "lm_head.weight" else f"model.{name}"] = weight
+            continue
+        prefix = name.removesuffix(f"{packed}.weight")
+        for part, piece in zip(PACKED[packed], weight.split(rows[packed])):
+            state[f"model.{prefix}{part}.weight"] = piece
+    return state
+
+
 def to_hf_model(model: Llama, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
     """A transformers LlamaForCausalLM holding exactly minikv's weights."""
     hf_model = LlamaForCausalLM(hf_config_for(model.config, tokenizer))
-    state = {("lm_head.weight" if k == "lm_head.weight" else f"model.{k}"): v for k, v in model.state_dict().items()}
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
+    missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     return hf_model.to(model.dtype).eval()
 

@@ -4,11 +4,14 @@ RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU
 parameter names that match `transformers`' `LlamaForCausalLM`, so any local Llama checkpoint
 loads straight into it (see checkpoint.py) and its logits can be compared with the original.
 
-Two things differ from the usual one-file GPT, both on purpose:
+Three things differ from the usual one-file GPT, all on purpose:
 - positions are an explicit input, one per token, because in a paged engine a token's
   position is a property of its request, not of where it sits in the batch;
 - keys and values go to an `AttentionBackend` (attention.py), so the same forward runs over a
-  contiguous cache, a shared page pool, or no cache at all.
+  contiguous cache, a shared page pool, or no cache at all;
+- Q, K and V come out of one matrix (`qkv_proj`), and the MLP's gate and up projections out of
+  another (`gate_up_proj`), as vLLM and nano-vllm pack them: one larger matmul instead of three
+  or two small ones. checkpoint.py packs transformers' separate weights on load (`PACKED`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # one fused op, the same bits
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.reference(x)
+
+    def reference(self, x: Tensor) -> Tensor:
+        """transformers' LlamaRMSNorm, operation by operation."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -81,12 +90,21 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (D/2,)
 
-    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin of every angle, (..., 1, D): computed once per forward, shared by every layer."""
         freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (..., D/2)
         emb = torch.cat([freqs, freqs], dim=-1)  # (..., D)
-        cos = emb.cos().to(q.dtype).unsqueeze(-2)  # (..., 1, D): broadcast over heads
-        sin = emb.sin().to(q.dtype).unsqueeze(-2)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return emb.cos().to(dtype).unsqueeze(-2), emb.sin().to(dtype).unsqueeze(-2)  # broadcast over heads
+
+    @staticmethod
+    def rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        """x (..., heads, D) rotated by the angles of its positions."""
+        cos, sin = cos_sin
+        return x * cos + rotate_half(x) * sin
+
+    def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        cos_sin = self.cos_sin(positions, q.dtype)
+        return self.rotate(q, cos_sin), self.rotate(k, cos_sin)
 
 
 class Attention(nn.Module):
@@ -98,33 +116,31 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         h, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(h, config.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.qkv_proj = nn.Linear(h, (config.num_heads + 2 * config.num_kv_heads) * d, bias=False)  # q | k | v rows
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
 
-    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, kv: AttentionBackend) -> Tensor:
+    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend) -> Tensor:
         lead = x.shape[:-1]  # (N,) for a flat batch of tokens, (B, T) for dense
-        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)  # (..., H, D)
-        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., KVH, D)
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., KVH, D)
-        q, k = rotary(q, k, positions)  # keys are cached *after* RoPE, at their own position
-        out = kv.attend(self.layer, q, k, v)  # (..., H, D)
-        return self.o_proj(out.reshape(*lead, self.num_heads * self.head_dim))
+        H, KVH = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(*lead, H + 2 * KVH, self.head_dim)  # (..., H + 2 KVH, D)
+        qk = Rotary.rotate(qkv[..., : H + KVH, :], cos_sin)  # queries and keys rotated together
+        q, k, v = qk[..., :H, :], qk[..., H:, :], qkv[..., H + KVH :, :]  # (..., H|KVH|KVH, D)
+        out = kv.attend(self.layer, q, k, v)  # (..., H, D); keys are cached *after* RoPE
+        return self.o_proj(out.reshape(*lead, H * self.head_dim))
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up from one matmul."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h, i = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
+        self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)  # gate rows, then up rows
         self.down_proj = nn.Linear(i, h, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (..., I) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -137,8 +153,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, positions: Tensor, rotary: Rotary, kv: AttentionBackend) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv)
+    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -177,8 +193,9 @@ class Llama(nn.Module):
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")
         x = self.embed_tokens(input_ids)  # (..., hidden)
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)  # (..., 1, D) each
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, kv)
+            x = layer(x, cos_sin, kv)
         x = self.norm(x)
         if logits_index is not None:
             x = x[logits_index]  # (M, hidden)

@@ -41,14 +41,13 @@ class ModelRunner:
         Every sequence must already own pages for all of its tokens. Samples with each
         sequence's own generator (advancing it), and changes nothing else.
         """
-        slices, ids, positions, last = [], [], [], []
+        slices, ids, last = [], [], []
         ps = self.pool.page_size
         for seq, toks in zip(seqs, new_tokens):
             start, end = seq.num_cached, seq.num_cached + len(toks)
             assert len(seq.block_table) * ps >= end, f"{seq.request_id} has pages for {len(seq.block_table) * ps} tokens, needs {end}"
             assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} would write into a shared page"
             slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
-            positions += range(start, end)
             ids += toks
             last.append(len(ids) - 1)
             if self.log.enabled:
@@ -58,12 +57,10 @@ class ModelRunner:
                 self.log.add(Event(step_no, self.node, "read", seq.request_id, seq.tenant,
                                    tuple(seq.block_table[: self.pool.pages_for(end)]), f"attend over {end} tokens"))
         device = self.model.device
-        step = PagedStep(self.pool, slices, self.audit)
+        step = PagedStep(self.pool, slices, self.audit)  # block tables, positions, slots: tensors, once per step
         try:
-            logits = self.model(
-                torch.tensor(ids, device=device), torch.tensor(positions, device=device),
-                step, logits_index=torch.tensor(last, device=device),
-            )  # (B, V)
+            logits = self.model(torch.tensor(ids, device=device), step.positions, step,
+                                logits_index=torch.tensor(last, device=device))  # (B, V)
         except Exception as e:  # noqa: BLE001 - the batch fails, the node goes on
             return [Sampled(error=failure(e)) for _ in seqs]
         for e in step.findings:

@@ -186,6 +186,22 @@ class PagePool:
         ps = self.page_size
         return [block_table[i // ps] * ps + i % ps for i in range(start, end)]
 
+    def block_table_tensor(self, block_tables: list[list[int]]) -> Tensor:
+        """(B, max_pages) block tables on the pool's device, each padded with its own first page.
+
+        The padding is never attended, but a tile that reads it then reads only its own request's data.
+        """
+        width = max(len(t) for t in block_tables)
+        return torch.tensor([t + t[:1] * (width - len(t)) for t in block_tables], dtype=torch.long, device=self.kv.device)
+
+    def slot_mapping(self, block_tables: Tensor, seq_ids: Tensor, positions: Tensor) -> Tensor:
+        """The tensor form of `slots`: the slot of each token at `positions` (...) of request `seq_ids` (...).
+
+        block_tables (B, max_pages) from `block_table_tensor`; one indexing operation for a whole step.
+        """
+        ps = self.page_size
+        return block_tables[seq_ids, positions // ps] * ps + positions % ps  # (...)
+
     def flat(self, layer: int) -> tuple[Tensor, Tensor]:
         """Layer `layer`'s K and V viewed as (num_slots, KVH, D), sharing storage."""
         k, v = self.kv[layer]  # (P, page, KVH, D) each

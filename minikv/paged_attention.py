@@ -3,9 +3,22 @@
 A request's tokens live in pages scattered over the pool; its block table lists them in
 order. Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`.
 One step handles a batch of requests that each add some new tokens (a prompt in prefill, one
-token in decode): the new K/V are scattered into their slots, then each request's whole
-context is gathered through its block table and attended with plain SDPA. That gather is the
-only difference from a contiguous cache, and `paged_attention_reference` checks it.
+token in decode): the new K/V are scattered into their slots, then every request attends over
+its own context, read through its block table.
+
+Three ways to do that read, each checked against the others in the tests:
+- tiles: one `tiled_attention` call per layer for the whole batch (varlen_attention.py),
+  reading keys page by page, nothing padded to the longest request;
+- per request: each request's context gathered with `index_select` and attended with SDPA
+  (`gather_attention`); `paged_attention_gather` is this path with Python-built slot lists;
+- `paged_attention_reference`: slot by slot in Python, the obviously correct version.
+
+`PagedStep` uses the tiles on a GPU for every step, where a loop over requests is a loop of kernel
+launches. On a CPU it uses them to decode a batch of at least `CPU_TILES_MIN_BATCH` requests, and
+goes request by request otherwise: a prefill brings tens to hundreds of queries per request, so
+one fused SDPA call per request costs less than the tiles' separate matmul, mask and softmax
+passes, and a small batch costs less than the ~30 operations that plan the tiles (both measured
+in README.md's benchmark section).
 """
 
 from __future__ import annotations
@@ -18,6 +31,10 @@ from torch import Tensor
 from minikv.attention import masked_attention
 from minikv.audit import CrossReadEvent, OwnershipAudit
 from minikv.page_pool import PagePool
+from minikv.varlen_attention import TilePlan, segments, tile_plan, tiled_attention
+
+TILE_KEYS = 64  # keys per tile in prefill: large enough for the matrix units, small enough to skip the masked half
+CPU_TILES_MIN_BATCH = 16  # on a CPU, decode batches this large take the tiles (measured crossover: 8 to 16)
 
 
 @dataclass(frozen=True)
@@ -37,50 +54,94 @@ class SeqSlice:
 class PagedStep:
     """Implements AttentionBackend for one forward over a batch of requests in a PagePool.
 
-    Queries arrive flat, (N, H, D) with N = sum of num_new. Each request then reads exactly its
-    own context, (S_b, KVH, D) gathered through its block table, and attends over it: a batch
-    whose requests hold 30 and 600 tokens gathers 630 keys, not 2 x 600 padded ones (what a
-    varlen attention kernel does on a GPU in one launch).
+    Queries arrive flat, (N, H, D) with N = sum of num_new. Everything a layer needs is built
+    here once per step, as tensors: the block tables (B, max_pages), each new token's position
+    and slot, and either the tile plan or each request's context slots and mask. Each layer then
+    makes one scatter (the new K/V) and either one tiled attention call for the whole batch or
+    one SDPA call per request (which one: the module docstring).
     """
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
         self.pool, self.seqs, self.audit = pool, seqs, audit
         self.findings: list[CrossReadEvent] = []  # what the audit's read check returned in this forward
-        device = pool.kv.device
-        self.slot_mapping = torch.tensor(
-            [slot for s in seqs for slot in pool.slots(s.block_table, s.start, s.end)], device=device
-        )  # (N,) where each new token's K/V goes
-        self.context_slots = [torch.tensor(pool.slots(s.block_table, 0, s.end), device=device) for s in seqs]  # (S_b,)
-        # causal within the request; a single new token may see its whole context, so no mask
-        self.masks = [None if s.num_new == 1 else
-                      (torch.arange(s.end)[None, :] <= torch.arange(s.start, s.end)[:, None]).to(device)[None]
-                      for s in seqs]  # (1, T_b, S_b) or None
+        device, ps = pool.kv.device, pool.page_size
+        self.block_tables = pool.block_table_tensor([s.block_table for s in seqs])  # (B, max_pages)
+        starts = torch.tensor([s.start for s in seqs], device=device)  # (B,)
+        num_new = torch.tensor([s.num_new for s in seqs], device=device)  # (B,)
+        ends = starts + num_new  # (B,)
+        assert bool((self.block_tables.new_tensor([len(s.block_table) for s in seqs]) * ps >= ends).all()), \
+            "a request has fewer pages than tokens"
+        seq_ids, rank = segments(num_new)  # (N,) each new token's request and index among its new tokens
+        self.positions = starts[seq_ids] + rank  # (N,) each new token's position in its request
+        self.slot_mapping = pool.slot_mapping(self.block_tables, seq_ids, self.positions)  # (N,) where its K/V go
+        decode = max(s.num_new for s in seqs) == 1
+        self.plan: TilePlan | None = None
+        self.context_slots: list[Tensor] = []  # request by request only
+        self.masks: list[Tensor | None] = []
+        if device.type != "cpu" or (decode and len(seqs) >= CPU_TILES_MIN_BATCH):
+            pages_per_tile = 1 if decode else max(1, TILE_KEYS // ps)
+            self.plan = tile_plan(self.block_tables, starts, num_new, ps, pool.kv.shape[-2],
+                                  block_q=1 if decode else TILE_KEYS, pages_per_tile=pages_per_tile)
+        key_pos = torch.arange(int(ends.max()), device=device)  # (S,)
+        if self.plan is None or audit is not None:
+            self.key_valid = key_pos[None, :] < ends[:, None]  # (B, S)
+            self.gather = pool.slot_mapping(self.block_tables, torch.arange(len(seqs), device=device)[:, None],
+                                            key_pos[None, :]) * self.key_valid  # (B, S) context slots, 0-padded
+        if self.plan is None:  # request by request: each one's context slots and causal mask
+            self.context_slots = [self.gather[b, : s.end] for b, s in enumerate(seqs)]  # (S_b,) each
+            self.masks = [causal_mask_after(s.start, s.end, device) for s in seqs]
         if audit is not None:  # the ledger checks every (request, slot) read, padded to (B, S)
-            S = max(s.end for s in seqs)
-            self.gather = torch.zeros(len(seqs), S, dtype=torch.long, device=device)  # (B, S), 0-padded
-            for b, slots in enumerate(self.context_slots):
-                self.gather[b, : len(slots)] = slots
-            ctx_len = torch.tensor([s.end for s in seqs], device=device)
-            self.key_valid = torch.arange(S, device=device)[None, :] < ctx_len[:, None]  # (B, S)
-            self.uids = torch.tensor([s.uid for s in seqs], device=device)
-            self.writer_uids = torch.tensor([s.uid for s in seqs for _ in range(s.num_new)], device=device)
-            self.writer_positions = torch.tensor([i for s in seqs for i in range(s.start, s.end)], device=device)
+            self.uids = torch.tensor([s.uid for s in seqs], device=device)  # (B,)
+            self.writer_uids = self.uids[seq_ids]  # (N,)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         k_cache, v_cache = self.pool.flat(layer)  # (num_slots, KVH, D) views of the pool
         k_cache[self.slot_mapping] = k  # k: (N, KVH, D)
         v_cache[self.slot_mapping] = v
         if layer == 0 and self.audit is not None:  # one ledger entry per slot, not per layer
-            self.audit.record_writes(self.slot_mapping, self.writer_uids, self.writer_positions)
+            self.audit.record_writes(self.slot_mapping, self.writer_uids, self.positions)
             self.findings += self.audit.check_reads(self.uids, self.gather, self.key_valid)
-        outs, offset = [], 0
-        for s, slots, mask in zip(self.seqs, self.context_slots, self.masks):
-            keys = k_cache.index_select(0, slots)[None]  # (1, S_b, KVH, D)
-            values = v_cache.index_select(0, slots)[None]
-            queries = q[offset : offset + s.num_new][None]  # (1, T_b, H, D)
-            outs.append(masked_attention(queries, keys, values, mask)[0])  # (T_b, H, D)
-            offset += s.num_new
-        return torch.cat(outs)  # (N, H, D)
+        if self.plan is None:
+            return gather_attention(q, k_cache, v_cache, self.context_slots, self.masks)
+        return tiled_attention(q, self.pool.kv[layer], self.plan)  # (N, H, D)
+
+
+def causal_mask_after(start: int, end: int, device: torch.device) -> Tensor | None:
+    """(1, T, S) mask of queries start..end-1 over keys 0..end-1; None for a single query (it sees all)."""
+    if end - start == 1:
+        return None
+    return (torch.arange(end, device=device)[None, :] <= torch.arange(start, end, device=device)[:, None])[None]
+
+
+def gather_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_slots: list[Tensor],
+                     masks: list[Tensor | None]) -> Tensor:
+    """Request by request: gather its context (S_b,) slots from the (num_slots, KVH, D) caches, run SDPA.
+
+    q (N, H, D) holds the requests' queries one after another, mask b's (1, T_b, S_b) rows each.
+    A batch whose requests hold 30 and 600 tokens gathers 630 keys, not 2 x 600 padded ones, but
+    pays one gather and one SDPA launch per request per layer.
+    """
+    outs, offset = [], 0
+    for slots, mask in zip(context_slots, masks):
+        num_new = 1 if mask is None else mask.shape[1]
+        keys = k_cache.index_select(0, slots)[None]  # (1, S_b, KVH, D)
+        values = v_cache.index_select(0, slots)[None]
+        outs.append(masked_attention(q[offset : offset + num_new][None], keys, values, mask)[0])  # (T_b, H, D)
+        offset += num_new
+    return torch.cat(outs)  # (N, H, D)
+
+
+def paged_attention_gather(pool: PagePool, layer: int, seqs: list[SeqSlice], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The per-request path with its slots listed in Python (minikv's fast path before the tiles).
+
+    Writes exactly as PagedStep does. Used by tests, as a second reference for the tiles.
+    """
+    k_cache, v_cache = pool.flat(layer)
+    device = k_cache.device
+    slot_mapping = torch.tensor([slot for s in seqs for slot in pool.slots(s.block_table, s.start, s.end)], device=device)
+    k_cache[slot_mapping], v_cache[slot_mapping] = k, v
+    context_slots = [torch.tensor(pool.slots(s.block_table, 0, s.end), device=device) for s in seqs]
+    return gather_attention(q, k_cache, v_cache, context_slots, [causal_mask_after(s.start, s.end, device) for s in seqs])
 
 
 def paged_attention_reference(pool: PagePool, layer: int, seqs: list[SeqSlice], q: Tensor, k: Tensor, v: Tensor) -> Tensor:

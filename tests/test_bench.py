@@ -17,7 +17,7 @@ from minikv.tokenizer import build_char_tokenizer
 
 
 # The `bench --json` contract, written out here rather than imported from the module it checks.
-EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "prefix_cache")
+EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
 EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
                    "safe_over_vulnerable"}
 
@@ -161,3 +161,33 @@ def test_settings_refuse_a_run_with_nothing_to_time():
         BenchSettings(repeats=0)
     quick = BenchSettings.quick()
     assert quick.time_checked_run and quick.timed_runs == 1 and quick.num_requests == 32
+
+
+def test_forward_flops_equal_torch_flop_counter():
+    """forward_flops counts what torch's FlopCounterMode counts in a tiled paged decode step (contexts of whole pages)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from minikv.bench.roofline import forward_flops
+    from minikv.page_pool import PagePool
+    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
+
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)
+    model, rows, context = Llama(cfg).eval(), CPU_TILES_MIN_BATCH, 20  # a batch that takes the tiles
+    pool = PagePool(cfg, 5 * rows, page_size=4)
+    slices = [SeqSlice(i + 1, pool.allocate(5, f"r{i}"), context - 1, 1) for i in range(rows)]  # 20 keys each
+    step = PagedStep(pool, slices)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(rows, dtype=torch.long), step.positions, step)
+    assert counter.get_total_flops() == forward_flops(cfg, rows, rows * context, rows)
+
+
+def test_json_roofline_has_the_issue_keys(tiny_random):
+    """roofline in --json: decode_fraction, prefill_fraction, matmul_gflops, positive numbers."""
+    model, tok = tiny_random
+    from minikv.bench.roofline import measure_roofline
+
+    roof = measure_roofline(model, [[1, 2, 3], [4, 5, 6, 7, 8]], page_size=4, iters=2)
+    data = fake_report(roofline=roof).to_json()["roofline"]
+    assert set(data) == {"decode_fraction", "prefill_fraction", "matmul_gflops"}
+    assert all(isinstance(x, float) and x > 0 for x in data.values())

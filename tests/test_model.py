@@ -98,3 +98,25 @@ def test_unsupported_rope_scaling_is_refused():
                       num_attention_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     with pytest.raises(ValueError, match="rope_type 'linear'"):
         model_config_from_hf(cfg)
+
+
+def test_packed_weights_round_trip_to_transformers_names():
+    """qkv_proj and gate_up_proj split back into transformers' q/k/v and gate/up weights exactly."""
+    from minikv.checkpoint import to_hf_state_dict
+
+    ours, hf = random_pair(2, **RANDOM_CONFIGS[4])  # GQA with head_dim != hidden / heads
+    back = to_hf_state_dict(ours)
+    want = hf.state_dict()
+    assert set(back) == set(want)
+    assert all(torch.equal(back[name], want[name]) for name in want)
+
+
+def test_fused_rms_norm_equals_the_operation_by_operation_reference():
+    """RMSNorm's fused float32 path gives exactly the bits of transformers' formula."""
+    from minikv.model import RMSNorm
+
+    torch.manual_seed(3)
+    norm = RMSNorm(48, 1e-6)
+    norm.weight.data.normal_()
+    x = torch.randn(64, 48) * 5
+    assert torch.equal(norm(x), norm.reference(x))

@@ -9,7 +9,9 @@ What it does, in order:
    keeps the median; each ratio is the median of the ratios within one repeat;
 4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
    counts (kv_accounting.py) the KV memory each layout reserves against what the requests filled;
-5. serves a shared-prefix workload with prefix caching off, on, and on with cache_salt (prefix.py).
+5. sets the paged decode step, and a prefill of every prompt, against the matmul rate of the
+   same shapes on this machine (roofline.py).
+6. serves a shared-prefix workload with prefix caching off, on, and on with cache_salt (prefix.py).
 
 The runners live in systems.py, the report (table, JSON, targets) in report.py, the figure
 in plot.py; this file owns the workload, the checks and the measurements.
@@ -29,14 +31,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from minikv.bench import prefix, systems
+from minikv.bench.roofline import measure_roofline, paged_step
 from minikv.bench.report import BenchReport, describe_machine, summarize
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.contiguous_cache import ContiguousCache
 from minikv.disagg.switches import SafetySwitches
 from minikv.kv_accounting import KVMemoryUse, contiguous_use, paged_use
 from minikv.model import Llama
-from minikv.page_pool import PagePool
-from minikv.paged_attention import PagedStep, SeqSlice
 from minikv.workload import TENANTS, document_sentence, make_prompt, random_note
 
 PAGE_SIZE = 16  # the engine's default
@@ -106,22 +107,12 @@ def decode_step_seconds(model: Llama, tokenizer: PreTrainedTokenizerBase, worklo
     the pool, row indices for the contiguous cache), the forward, and the greedy choice. The
     pool's pages are handed out round-robin, so every block table is scattered over the pool.
     """
-    device, lens = model.device, [len(p) for p in systems.prompt_ids(tokenizer, workload)]
-    need = [-(-(n + 1) // PAGE_SIZE) for n in lens]
-    pool = PagePool(model.config, sum(need), PAGE_SIZE, device, model.dtype)
-    tables: list[list[int]] = [[] for _ in lens]
-    while any(len(t) < n for t, n in zip(tables, need)):
-        for i, t in enumerate(tables):
-            if len(t) < need[i]:
-                t += pool.allocate(1, f"r{i}")
-    slices = [SeqSlice(i + 1, t, n, 1) for i, (t, n) in enumerate(zip(tables, lens))]
+    device, prompts = model.device, systems.prompt_ids(tokenizer, workload)
+    lens = [len(p) for p in prompts]
     cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
     cache.seq_lens = list(lens)
     rows, last = list(range(len(lens))), torch.zeros(len(lens), dtype=torch.long, device=device)  # (B,)
-    positions, logits_index = torch.tensor(lens, device=device), torch.arange(len(lens), device=device)
-
-    def paged() -> list[int]:
-        return model(last, positions, PagedStep(pool, slices), logits_index=logits_index).argmax(-1).tolist()
+    paged = paged_step(model, prompts, PAGE_SIZE, "decode")
 
     def contiguous() -> list[int]:  # no commit: every iteration decodes the same position again
         step = cache.step(rows, 1)
@@ -243,6 +234,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         report.kv = kv_memory(tokenizer, workload, reference)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
+        bar.set_postfix_str("roofline")  # 4. the same decode step, and a prefill, against matmuls of their shapes
+        report.roofline = measure_roofline(model, systems.prompt_ids(tokenizer, workload), PAGE_SIZE, settings.step_iters)
         bar.update()
         bar.set_postfix_str("shared prefixes")  # 4. prefix caching off / on / on with cache_salt
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minikv.bench.roofline import Roofline
 from minikv.bench.systems import Run
 from minikv.kv_accounting import KVMemoryUse
 
-JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "prefix_cache")
+JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
 RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
               "safe_over_vulnerable")
 
@@ -66,6 +67,7 @@ class BenchReport:
     runs: dict[str, list[Run]] = field(default_factory=dict)  # system -> its timed runs, i-th from repeat i
     prefix_cache: dict | None = None  # bench/prefix.py: speedup, prefill_tokens_saved, hit_rate, cache_salt
     prefix_outputs_equal: bool = True  # the shared-prefix workload gave the same completions in every mode
+    roofline: Roofline | None = None  # the decode and prefill steps against the matmul rate of their shapes
 
     @property
     def outputs_equal(self) -> bool:
@@ -100,6 +102,7 @@ class BenchReport:
             "ratios": self.ratios(),
             "kv_waste": {name: self.kv[name].waste for name in ("paged", "contiguous")},
             "outputs_equal": self.outputs_equal,
+            "roofline": None if self.roofline is None else self.roofline.to_json(),
             "prefix_cache": self.prefix_cache,
         }
 
@@ -115,6 +118,9 @@ class BenchReport:
                 ("paged >= 1.0x hf generate_batch", *at_least(r["vs_hf_generate_batch"], 1.0)),
                 ("paged decode step <= 1.2x contiguous", f"{r['paged_over_contiguous_step']:.2f}x",
                  r["paged_over_contiguous_step"] <= 1.2),
+                ("paged decode step >= 25% of the matmul roofline",
+                 *(("n/a", None) if self.roofline is None else
+                   (f"{self.roofline.decode_fraction:.0%}", self.roofline.decode_fraction >= 0.25))),
                 ("paged KV waste <= 4%", f"{self.kv['paged'].waste:.1%}", self.kv["paged"].waste <= 0.04),
                 ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9)),
                 ("prefix cache >= 2x on shared system prompts",
@@ -142,8 +148,14 @@ class BenchReport:
         for name, use in self.kv.items():
             lines.append(f"| {labels.get(name, name)} | {use.reserved_tokens:,} | {use.used_tokens:,} | {use.waste:.1%} |")
         lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
-                      f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", "",
-                  *self.prefix_table(), "| target | measured | met |", "| --- | ---: | :---: |"]
+                      f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", ""]
+        if self.roofline is not None:
+            r = self.roofline
+            lines += [f"Roofline: the decode step does {r.decode_gflops:.1f} GFLOP/s, {r.decode_fraction:.0%} of the "
+                      f"{r.decode_matmul_gflops:.1f} GFLOP/s its linear layers reach alone (matmuls of the same shapes, "
+                      f"this run, both per second of {'CPU' if self.device.startswith('cpu') else 'wall'} time); a prefill of every prompt does {r.prefill_gflops:.1f} GFLOP/s, "
+                      f"{r.prefill_fraction:.0%} of {r.prefill_matmul_gflops:.1f}.", ""]
+        lines += [*self.prefix_table(), "| target | measured | met |", "| --- | ---: | :---: |"]
         for target, measured, met in self.targets():
             lines.append(f"| {target} | {measured} | {'-' if met is None else 'yes' if met else 'no'} |")
         return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""One layer's paged attention, request by request against one tiled call: `python scripts/bench_attention.py`.
+
+The benchmark's 32 prompts on a scattered pool of the shipped model's shape; decode (one new
+token after each prompt) and prefill (the first 20 prompts whole, 1,891 tokens), with the tile
+shapes PagedStep would pick and the prefill shape a GPU uses. Both sides are timed alternately;
+medians and minimums of `--iters` rounds. The README's choice of path per phase rests on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from minikv.bench.benchmark import PAGE_SIZE, bench_workload
+from minikv.bench.roofline import scattered_pool
+from minikv.bench.systems import prompt_ids
+from minikv.checkpoint import load_model
+from minikv.paged_attention import SeqSlice, causal_mask_after, gather_attention
+from minikv.varlen_attention import tile_plan, tiled_attention
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=100)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, tokenizer = load_model()
+    cfg = model.config
+    lens = [len(p) for p in prompt_ids(tokenizer, bench_workload(32))]
+    pool, tables = scattered_pool(model, lens, PAGE_SIZE)
+    pool.kv.normal_()
+    cases = [("decode", [SeqSlice(i + 1, t, n, 1) for i, (t, n) in enumerate(zip(tables, lens))], (1, 1)),
+             ("prefill", [SeqSlice(i + 1, t, 0, n) for i, (t, n) in enumerate(zip(tables, lens))][:20], (64, 4))]
+    print("| phase | queries | per request (gather + SDPA) | one tiled call | tiles |\n| --- | ---: | ---: | ---: | ---: |")
+    for phase, seqs, (block_q, pages_per_tile) in cases:
+        q = torch.randn(sum(s.num_new for s in seqs), cfg.num_heads, cfg.head_dim)
+        k_cache, v_cache = pool.flat(0)
+        slots = [pool.slot_mapping(pool.block_table_tensor([s.block_table]), torch.zeros(s.end, dtype=torch.long),
+                                   torch.arange(s.end)) for s in seqs]
+        masks = [causal_mask_after(s.start, s.end, q.device) for s in seqs]
+        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+                         torch.tensor([s.num_new for s in seqs]), PAGE_SIZE, cfg.num_kv_heads, block_q, pages_per_tile)
+        contenders = {"gather": lambda: gather_attention(q, k_cache, v_cache, slots, masks),
+                      "tiles": lambda: tiled_attention(q, pool.kv[0], plan)}
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        with torch.inference_mode():
+            assert torch.allclose(contenders["gather"](), contenders["tiles"](), atol=1e-5)
+            iters = args.iters if phase == "decode" else max(5, args.iters // 10)
+            for _ in range(iters + 2):
+                for name, fn in contenders.items():
+                    start = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - start)
+        cell = {name: f"{statistics.median(ts[2:]) * 1e3:.2f} ms (min {min(ts[2:]) * 1e3:.2f})" for name, ts in times.items()}
+        print(f"| {phase} | {len(q)} | {cell['gather']} | {cell['tiles']} | {len(plan.tile_block)} of {block_q} x "
+              f"{pages_per_tile * PAGE_SIZE} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The batched (tiled) paged attention equals the per-request gather path and the slot-by-slot reference."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minikv.model import ModelConfig
+from minikv.page_pool import PagePool
+from minikv.paged_attention import (CPU_TILES_MIN_BATCH, PagedStep, SeqSlice, paged_attention_gather,
+                                    paged_attention_reference)
+from minikv.varlen_attention import tile_plan, tiled_attention
+
+GQA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layers=2, num_heads=8,
+                  num_kv_heads=2, head_dim=4, max_position_embeddings=512)
+MHA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layers=2, num_heads=4,
+                  num_kv_heads=4, head_dim=8, max_position_embeddings=512)
+
+
+def random_batch(seed: int, phase: str, page_size: int, num_pages: int = 256, num_seqs: int | None = None) -> list[SeqSlice]:
+    """Requests of random lengths whose pages are dealt out interleaved (request 0 gets page a, 1 gets b, ...).
+
+    phase: "decode" (one new token each), "prefill" (whole prompts, or the rest after a cached
+    prefix, start > 0) or "mixed" (some of each in one step).
+    """
+    rng = random.Random(seed)
+    seqs_spec = []
+    for _ in range(num_seqs or rng.randint(1, 7)):
+        kind = rng.choice(["decode", "prefill"]) if phase == "mixed" else phase
+        if kind == "decode":
+            start, num_new = rng.randint(0, 60), 1
+        else:
+            start = rng.choice([0, 0, rng.randint(1, 40)])  # a prefix already cached, or none
+            num_new = rng.randint(2, 70)
+        seqs_spec.append((start, num_new))
+    need = [-(-(s + n) // page_size) for s, n in seqs_spec]
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    tables: list[list[int]] = [[] for _ in seqs_spec]
+    while any(len(t) < n for t, n in zip(tables, need)):  # round-robin: every table interleaves with the others
+        for t, n in zip(tables, need):
+            if len(t) < n:
+                t.append(free.pop())
+    return [SeqSlice(i + 1, t, s, n) for i, (t, (s, n)) in enumerate(zip(tables, seqs_spec))]
+
+
+def three_pools(config: ModelConfig, page_size: int, seed: int) -> tuple[PagePool, PagePool, PagePool]:
+    """Three pools holding the same random (stale) K/V."""
+    torch.manual_seed(seed)
+    pools = [PagePool(config, 256, page_size) for _ in range(3)]
+    init = torch.randn_like(pools[0].kv)
+    for p in pools:
+        p.kv.copy_(init)
+    return pools[0], pools[1], pools[2]
+
+
+def qkv(config: ModelConfig, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    N = sum(s.num_new for s in seqs)
+    return (torch.randn(N, config.num_heads, config.head_dim), torch.randn(N, config.num_kv_heads, config.head_dim),
+            torch.randn(N, config.num_kv_heads, config.head_dim))
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_paged_step_equals_gather_path_and_reference(phase, config, page_size):
+    """PagedStep.attend (small CPU batches: request by request) equals the gather path and the reference."""
+    for seed in range(4):
+        fast, gather, slow = three_pools(config, page_size, seed)
+        seqs = random_batch(seed, phase, page_size)
+        q, k, v = qkv(config, seqs)
+        out_fast = PagedStep(fast, seqs).attend(1, q, k, v)
+        out_gather = paged_attention_gather(gather, 1, seqs, q, k, v)
+        out_slow = paged_attention_reference(slow, 1, seqs, q, k, v)
+        assert torch.allclose(out_fast, out_slow, atol=1e-5), (seed, (out_fast - out_slow).abs().max())
+        assert torch.allclose(out_gather, out_slow, atol=1e-5)
+        assert torch.equal(fast.kv, slow.kv) and torch.equal(gather.kv, slow.kv)
+
+
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+def test_paged_step_tiles_a_large_decode_batch_and_equals_the_reference(config):
+    """A CPU decode batch of CPU_TILES_MIN_BATCH requests goes through the tiles, with the reference's output."""
+    for seed in range(3):
+        fast, _, slow = three_pools(config, 4, seed)
+        seqs = random_batch(30 + seed, "decode", 4, num_pages=256, num_seqs=CPU_TILES_MIN_BATCH)
+        q, k, v = qkv(config, seqs)
+        step = PagedStep(fast, seqs)
+        assert step.plan is not None, "the tiles were not used"
+        out_fast = step.attend(1, q, k, v)
+        assert torch.allclose(out_fast, paged_attention_reference(slow, 1, seqs, q, k, v), atol=1e-5)
+        assert torch.equal(fast.kv, slow.kv)
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("block_q, pages_per_tile", [(1, 1), (4, 2), (64, 4), (3, 1)])
+def test_tiles_of_any_shape_equal_the_reference(phase, block_q, pages_per_tile):
+    """tiled_attention gives the reference's output whatever the tile shape (GPU prefill uses tiles too)."""
+    for seed in range(3):
+        pool, _, slow = three_pools(GQA, 4, seed)
+        seqs = random_batch(10 + seed, phase, 4)
+        q, k, v = qkv(GQA, seqs)
+        want = paged_attention_reference(slow, 0, seqs, q, k, v)  # also writes k, v into `slow`
+        pool.kv.copy_(slow.kv)
+        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+                         torch.tensor([s.num_new for s in seqs]), 4, GQA.num_kv_heads, block_q, pages_per_tile)
+        got = tiled_attention(q, pool.kv[0], plan)
+        assert torch.allclose(got, want, atol=1e-5), (seed, (got - want).abs().max())
+
+
+@pytest.mark.parametrize("block_q, pages_per_tile", [(1, 1), (64, 4)])
+def test_tiles_read_only_the_pages_of_each_request(block_q, pages_per_tile):
+    """Poisoning (NaN) every page no request holds changes nothing: no tile reads outside its request's pages."""
+    for seed in range(3):
+        pool, _, slow = three_pools(GQA, 4, seed)
+        seqs = random_batch(20 + seed, "decode" if block_q == 1 else "mixed", 4)
+        q, k, v = qkv(GQA, seqs)
+        want = paged_attention_reference(slow, 0, seqs, q, k, v)
+        held = {p for s in seqs for p in s.block_table}
+        pool.kv.copy_(slow.kv)
+        pool.kv[:, :, [p for p in range(256) if p not in held]] = float("nan")
+        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+                         torch.tensor([s.num_new for s in seqs]), 4, GQA.num_kv_heads, block_q, pages_per_tile)
+        assert torch.allclose(tiled_attention(q, pool.kv[0], plan), want, atol=1e-5)
+
+
+def test_slot_mapping_tensor_equals_python_slots():
+    """PagePool.slot_mapping (one tensor operation) gives pool.slots' numbers for every token of every request."""
+    pool = PagePool(GQA, 256, 4)
+    seqs = random_batch(5, "mixed", 4)
+    tables = pool.block_table_tensor([s.block_table for s in seqs])
+    for b, s in enumerate(seqs):
+        positions = torch.arange(s.end)
+        got = pool.slot_mapping(tables, torch.full_like(positions, b), positions)
+        assert got.tolist() == pool.slots(s.block_table, 0, s.end)
+    step = PagedStep(pool, seqs)
+    assert step.slot_mapping.tolist() == [x for s in seqs for x in pool.slots(s.block_table, s.start, s.end)]
+    assert step.positions.tolist() == [p for s in seqs for p in range(s.start, s.end)]

@@ -156,7 +156,7 @@ for tenant, rid in ids.items():
     events = pair.log.for_request(rid)
     running = next(e.step for e in events if e.kind == "stage" and e.detail == "decode.running")
     finished = next(e.step for e in events if e.kind == "finish")
-    r = pair.responses[rid]
+    r = answers[rid]
     print(f"{tenant:6s} prompt {r.usage.prompt_tokens:3d} tokens: first token after {running} ticks, "
           f"then {r.usage.completion_tokens - 1} tokens in {finished - running} ticks")
     assert finished - running == r.usage.completion_tokens - 1  # one decode step per further token

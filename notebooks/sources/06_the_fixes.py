@@ -99,7 +99,11 @@ page_map(log, {"prefill": 42, "decode": 125}, at=retired, page_size=16)
 # - `reject_check` answers Bob **400** with the reason: the bug is gone, not just detected.
 # - `kv_checksum` and `kv_canary` answer **500**: decode notices that the KV it is about to read never arrived
 #   (one token sent where 800 were expected; the poison still sitting in most of Bob's pages). They are smoke
-#   detectors: they stop the leak and fail loudly, whatever the cause.
+#   detectors: they stop the leak and fail loudly, whatever the cause. They do not catch the same things: the
+#   canary works page by page, so it finds a prompt page the transfer never wrote, not stale slots inside a page
+#   it did write. When an over-length prompt fits in the one page that is sent (a prefill pool of one page), that
+#   page arrives whole, no poison survives, and `kv_canary` alone lets the leak through; `kv_checksum` still
+#   catches it by the token count (`tests/test_kv_checks.py` pins both cases).
 # - `startup_check` refuses to start the mismatched cluster at all. Its message says what to change:
 
 # %%

@@ -150,11 +150,15 @@ assert refusal.status_code == 400 and refusal.body["code"] == "context_length_ex
 # 3. **prompt-token honesty**: `usage.prompt_tokens` matches what was sent (the probe measures the endpoint's tokens per word first), and time to first token does not fall as the prompt grows.
 # 4. **shared prefix cache**: Gu et al.'s audit (*Auditing Prompt Caching in Language Model APIs*, ICML 2025). Key A sends a random prompt; key B sends the same one and a fresh one of the same length; a two-sample Kolmogorov-Smirnov test (`scipy.stats.ks_2samp`) asks whether B's "hits" are faster. They are only if B read the cache A filled, a side channel that tells B what A sent. `usage.prompt_tokens_details.cached_tokens` says the same where the endpoint reports it.
 #
-# The probe is bounded: `--budget` requests (200 by default) and `--time-limit` seconds. Exit status 0 means every check passed, 1 that one failed, 2 that the endpoint could not be probed. Here it runs in-process against both servers, six audit rounds each:
+# The probe is bounded: `--budget` requests (200 by default) and `--time-limit` seconds. Exit status 0 means every check passed, 1 that one failed, 2 that the endpoint could not be probed.
+#
+# A canary that does not come back proves little: what a leak shows depends on what the freed pages hold at that moment, and on a server that has served other traffic (ours served Alice and Bob above, and its prefix cache keeps some of their pages parked) the stale pages Bob's over-length request reserves may hold nothing the model can copy. The probe's PASS says so in words. So that the comparison below shows each check's verdict on a known state, it runs against a *freshly started* vulnerable server, in-process, beside the safe one, six audit rounds each:
 
 # %%
+fresh = ServerThread(["--disagg", "--preset", "vulnerable", *KEY_ARGS], model, tok)
 reports = {name: probe_endpoint(server.url, KEYS["alice"], KEYS["bob"], rounds=6, seed=0)
-           for name, server in (("vulnerable", vulnerable), ("safe", safe))}
+           for name, server in (("vulnerable", fresh), ("safe", safe))}
+fresh.stop()
 print(f"{'check':22} {'vulnerable':12} safe")
 for check in reports["safe"].verdicts():
     print(f"{check:22} {reports['vulnerable'].verdicts()[check]:12} {reports['safe'].verdicts()[check]}")

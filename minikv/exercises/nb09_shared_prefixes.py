@@ -48,7 +48,7 @@ def check_cached_tokens(fn: Callable[[list[list[int]], list[int], int], int]) ->
         want = cached_tokens(earlier, prompt, page_size)
         got = fn([list(p) for p in earlier], list(prompt), page_size)
         assert got == want, (
-            f"earlier prompts {earlier}, prompt {prompt}, page size {page_size}: got {got}, want {want}. "
+            f"earlier prompts {earlier}, prompt {prompt}, page size {page_size}: expected {want}, got {got}. "
             "Only full pages are cached; a page matches when it and every page before it are equal to an "
             "earlier prompt's; and the prompt's last token is always computed, so at most "
             "(len(prompt) - 1) // page_size pages count.")
@@ -75,8 +75,9 @@ def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:
 
         got = fn(oracle, known, SECRET_ALPHABET)
         assert got == secret, (
-            f"the victim sent {known + secret!r} then '.': you recovered {got!r}. Extend what you know one "
+            f"expected {secret!r} (the victim sent {known + secret!r} then '.'), got {got!r}. Extend what you know one "
             "character at a time: for each candidate c, ask for known + found + c + a last token; the "
             "right c is the one whose cached_tokens reaches len(known + found + c). Stop when '.' hits.")
-        assert len(calls) <= (len(secret) + 1) * (len(SECRET_ALPHABET) + 1), f"{len(calls)} probes is more than needed"
+        most = (len(secret) + 1) * (len(SECRET_ALPHABET) + 1)
+        assert len(calls) <= most, f"expected at most {most} probes (one per candidate per character), got {len(calls)}"
     print(f"recovered {len(secrets)} secrets exactly")

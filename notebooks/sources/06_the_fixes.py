@@ -217,9 +217,8 @@ plt.tight_layout(); plt.show()
 #
 # The benchmark measures the same costs on 32 requests, 5 interleaved repeats, next to `transformers`'
 # own generation. This is the figure committed beside the README, from the machine that measured it
-# (`python -m minikv bench --plot docs/bench.png`, about two minutes on an idle 2-core machine; this copy
-# was measured while other jobs kept the machine busy, so its tokens per second sit below the README's
-# table). Its right panel reads like the plot above, as a cost: time relative to the vulnerable pair, above
+# (`python -m minikv bench --plot docs/bench.png`, about a minute and a half on an idle 2-core machine; the
+# README's table comes from the same run). Its right panel reads like the plot above, as a cost: time relative to the vulnerable pair, above
 # 1 slower. Its left panel is throughput, higher is better.
 
 # %%

@@ -67,7 +67,8 @@ def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple
                     if p.is_alive():
                         p.kill()
                 raise TimeoutError(f"the process pair did not finish within {timeout_s:.0f} s")
-        return tuple(torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in (PREFILL_RANK, DECODE_RANK))
+        return tuple(torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)  # files this call just wrote
+                     for r in (PREFILL_RANK, DECODE_RANK))
 
 
 def wait_for(condition: Callable[[], bool], deadline: float, what: str) -> None:

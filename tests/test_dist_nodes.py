@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from http import HTTPStatus
 
 import pytest
+
+from minikv.admission import check_request
+from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.disagg.scenarios import MAX_TOKENS as SCENARIO_MAX_TOKENS
+from minikv.workload import Note, long_document_prompt, note_prompt
 
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.dist_nodes import PairJob, node_pair_worker
@@ -27,7 +33,7 @@ def both(tiny):
     for tenant, prompt in PROMPTS:
         pair.submit(Request(prompt, tenant, MAX_TOKENS))
     in_process = {r.request_id: r for r in pair.run()}
-    job = PairJob([(tenant, pair.check(Request(prompt, tenant, MAX_TOKENS))) for tenant, prompt in PROMPTS],
+    job = PairJob([[(tenant, pair.check(Request(prompt, tenant, MAX_TOKENS))) for tenant, prompt in PROMPTS]],
                   MAX_TOKENS, CONFIG, SafetySwitches())
     prefill, decode_side = run_pair(node_pair_worker, job, timeout_s=28)
     return tok, [in_process[rid] for rid in sorted(in_process, key=lambda r: int(r.split("-")[-1]))], prefill, decode_side
@@ -49,3 +55,39 @@ def test_pools_whole_and_no_foreign_reads_after_draining(both):
     _, _, prefill, decode_side = both
     assert prefill["pages_held"] == 0 and decode_side["pages_held"] == 0
     assert prefill["cross_tenant_reads"] == 0 and decode_side["cross_tenant_reads"] == 0
+
+
+SECRET = "5412 7534 9821 0064"
+VULNERABLE = SafetySwitches.preset("vulnerable")
+
+
+def over_length_across_processes(tiny, switches: SafetySwitches) -> tuple[object, dict]:
+    """The incident's over-length scenario, in one process (reference) and in two: (bob in-process, decode side)."""
+    model, tok = tiny
+    reference = run_scenario("over-length", model, tok, switches, secret=SECRET, seed=0)
+    alice = note_prompt("alice", Note("card", SECRET))
+    bob = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))
+    ids = lambda text, tenant: check_request(Request(text, tenant, SCENARIO_MAX_TOKENS), tok)  # noqa: E731
+    job = PairJob([[("alice", ids(alice, "alice"))], [("bob", ids(bob, "bob"))]], SCENARIO_MAX_TOKENS,
+                  ClusterConfig(), switches)
+    _, decode_side = run_pair(node_pair_worker, job, timeout_s=28)
+    return reference.attacker, decode_side
+
+
+def test_vulnerable_over_length_leaks_across_the_process_boundary(tiny):
+    """With the vulnerable preset Bob's answer holds Alice's secret, as in one process, and the decode audit sees it."""
+    _, tok = tiny
+    reference, decode_side = over_length_across_processes(tiny, VULNERABLE)
+    status, ids = decode_side["answers"]["req-2"]
+    text = decode(tok, [t for t in ids if t != tok.eos_token_id])
+    assert status == HTTPStatus.OK and SECRET in text and text == reference.text
+    assert decode_side["cross_tenant_reads"] > 0
+
+
+@pytest.mark.parametrize("switch", ["reject_check", "kv_checksum", "kv_canary"])
+def test_each_switch_closes_the_leak_across_processes(tiny, switch):
+    """One switch on over the vulnerable preset: Bob gets an error, not Alice's secret, as in one process."""
+    reference, decode_side = over_length_across_processes(tiny, VULNERABLE.with_switches(enable=[switch]))
+    status, ids = decode_side["answers"]["req-2"]
+    assert status != HTTPStatus.OK and status == reference.status
+    assert decode_side["cross_tenant_reads"] == 0

@@ -4,8 +4,9 @@
 `DecodeNode`, each with its own model copy, pool, audit, event log and `DistKVManager`, exactly
 as `Cluster` builds them in one process. Both processes receive the same requests (prompt ids
 already checked by a front door, one room and one audit uid each), as SGLang's router hands a
-request to both workers; each steps its own node on its own clock until it holds nothing and no
-room of it is still open. The decode process returns every request's status and output ids.
+request to both workers, in waves; each steps its own node on its own clock until it holds
+nothing and no room of it is still open, then takes the next wave (as a client that waits for
+one answer before it sends the next request). The decode process returns every request's status and output ids.
 
 Not behind `Cluster` yet: there is no front door across the processes (no cancel, no streaming,
 no 503 for a dead worker), which is what `serve --disagg --transport distributed` still needs.
@@ -37,7 +38,7 @@ from minikv.sampling import SamplingParams
 class PairJob:
     """What both processes are given: the requests and how the pair is configured."""
 
-    prompts: list[tuple[str, list[int]]]  # (tenant, prompt ids) per request, rooms 1..n in order
+    waves: list[list[tuple[str, list[int]]]]  # (tenant, prompt ids) per request; a wave starts when the last has drained
     max_tokens: int
     config: ClusterConfig
     switches: SafetySwitches
@@ -56,26 +57,28 @@ def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob
     log = EventLog(enabled=False)
     node = (PrefillNode(model, pool, audit, log, manager, switches, config.context_len, config.max_prefill_tokens)
             if prefill else DecodeNode(model, pool, audit, log, manager, switches, tokenizer.eos_token_id))
-    for room, (tenant, ids) in enumerate(job.prompts, start=1):
-        request_id = f"req-{room}"
-        seq = Sequence(request_id, tenant, list(ids), job.max_tokens, SamplingParams(), time.perf_counter(),
-                       uid=room, room=room)
-        manager.open_room(room, request_id, tenant, seq.uid)
-        audit.register(seq.uid, request_id, tenant, ids)
-        if prefill and config.prefix_caching:
-            seq.cache_keys = page_keys(ids, ps, cache_salt(tenant, None, per_tenant=switches.cache_salt))
-        node.add(seq, 0)
     answers: dict[str, tuple[int, list[int]]] = {}
-    tick = 0
-    while node.live() or manager.rooms:
-        if time.time() > deadline:
-            raise TimeoutError(f"{node.name} still busy at tick {tick}: {node.live()} request(s), rooms {sorted(manager.rooms)}")
-        node.step(tick)
-        manager.land_due()
-        tick += 1
-        if not prefill:
-            for outcome in node.take_outcomes():
-                answers[outcome.seq.request_id] = (int(outcome.status), list(outcome.seq.output_ids))
+    tick, room = 0, 0
+    for wave in job.waves:
+        for tenant, ids in wave:
+            room += 1
+            request_id = f"req-{room}"
+            seq = Sequence(request_id, tenant, list(ids), job.max_tokens, SamplingParams(), time.perf_counter(),
+                           uid=room, room=room)
+            manager.open_room(room, request_id, tenant, seq.uid)
+            audit.register(seq.uid, request_id, tenant, ids)
+            if prefill and config.prefix_caching:
+                seq.cache_keys = page_keys(ids, ps, cache_salt(tenant, None, per_tenant=switches.cache_salt))
+            node.add(seq, tick)
+        while node.live() or manager.rooms:
+            if time.time() > deadline:
+                raise TimeoutError(f"{node.name} still busy at tick {tick}: {node.live()} request(s), rooms {sorted(manager.rooms)}")
+            node.step(tick)
+            manager.land_due()
+            tick += 1
+            if not prefill:
+                for outcome in node.take_outcomes():
+                    answers[outcome.seq.request_id] = (int(outcome.status), list(outcome.seq.output_ids))
     node.check_integrity()
     return {"answers": answers, "pages_held": sum(1 for h in pool.holders if h),
             "cross_tenant_reads": audit.cross_tenant_reads, "ticks": tick}

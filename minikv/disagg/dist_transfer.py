@@ -31,8 +31,9 @@ stops what was not yet sent. `settled(room)` is False until every announced batc
 which is what `deferred_release` waits for; without it the pages can be reused before the late
 write lands in them.
 
-Not done yet (issue 17): timeouts (a transfer that never completes stays Transferring), running
-the prefill and decode nodes themselves across processes, `serve --transport distributed`.
+`dist_nodes.py` runs the prefill and decode nodes on it in two processes. Not done yet (issue 17):
+timeouts (a transfer that never completes stays Transferring, until the process pair's own
+deadline), the front door across processes and `serve --transport distributed`; NCCL untested.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ no 503 for a dead worker), which is what `serve --disagg --transport distributed
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -21,16 +23,16 @@ import torch.distributed as dist
 
 from minikv.audit import OwnershipAudit
 from minikv.checkpoint import load_model
-from minikv.disagg.cluster import ClusterConfig
+from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.decode_node import DecodeNode
-from minikv.disagg.dist_pair import PREFILL_RANK
+from minikv.disagg.dist_pair import PREFILL_RANK, run_pair
 from minikv.disagg.dist_transfer import DistKVManager
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.switches import SafetySwitches
 from minikv.events import EventLog
 from minikv.page_pool import PagePool
 from minikv.prefix_cache import cache_salt, page_keys
-from minikv.request import Sequence
+from minikv.request import Request, Sequence
 from minikv.sampling import SamplingParams
 
 
@@ -58,7 +60,9 @@ def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob
     node = (PrefillNode(model, pool, audit, log, manager, switches, config.context_len, config.max_prefill_tokens)
             if prefill else DecodeNode(model, pool, audit, log, manager, switches, tokenizer.eos_token_id))
     answers: dict[str, tuple[int, list[int]]] = {}
+    first_token_s: dict[str, float] = {}  # time to first token, seen from the decode process
     tick, room = 0, 0
+    dist.barrier()  # both models loaded: the clocks start together
     for wave in job.waves:
         for tenant, ids in wave:
             room += 1
@@ -79,6 +83,30 @@ def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob
             if not prefill:
                 for outcome in node.take_outcomes():
                     answers[outcome.seq.request_id] = (int(outcome.status), list(outcome.seq.output_ids))
+                    if outcome.seq.first_token_s is not None:
+                        first_token_s[outcome.seq.request_id] = outcome.seq.first_token_s
     node.check_integrity()
-    return {"answers": answers, "pages_held": sum(1 for h in pool.holders if h),
+    return {"answers": answers, "first_token_s": first_token_s, "pages_held": sum(1 for h in pool.holders if h),
             "cross_tenant_reads": audit.cross_tenant_reads, "ticks": tick}
+
+
+def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
+    """Median time to first token of the same greedy requests: in-process Cluster against the process pair."""
+    model, tokenizer = load_model(device="cpu")
+    config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches()
+    prompts = [(f"tenant-{i % 3}", f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4))
+               for i in range(num_requests)]
+    pair = Cluster(model, tokenizer, config, switches)
+    for tenant, prompt in prompts:
+        pair.submit(Request(prompt, tenant, max_tokens))
+    in_process = [r.ttft_s for r in pair.run()]
+    job = PairJob([[(tenant, pair.check(Request(prompt, tenant, max_tokens))) for tenant, prompt in prompts]],
+                  max_tokens, config, switches)
+    _, decode_side = run_pair(node_pair_worker, job, timeout_s=120)
+    return {"requests": num_requests, "max_tokens": max_tokens,
+            "in_process_median_ttft_ms": round(1000 * statistics.median(in_process), 2),
+            "distributed_median_ttft_ms": round(1000 * statistics.median(decode_side["first_token_s"].values()), 2)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(compare_first_token()))

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from minikv.disagg.checksum import kv_checksum
 from minikv.disagg.dist_pair import PREFILL_RANK, make_pool, run_pair, transfer_one_room, wait_for
-from minikv.disagg.dist_transfer import SENT, DistKVManager
+from minikv.disagg.dist_transfer import ROOM_KEYS, SENT, DistKVManager
 from minikv.disagg.transfer import KVPoll, KVReceiver, KVSender, Shipment
 from minikv.model import ModelConfig
 
@@ -72,6 +72,7 @@ def _copy_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> 
               "shipment": shipment_seen[0], "checksum_here": kv_checksum(pool, dst, NUM_TOKENS)}
     receiver.close()
     result["rooms_left"] = len(manager.rooms)
+    wait_for(lambda: not any(store.check([f"kv/3/{name}"]) for name in ROOM_KEYS), deadline, "the room's keys to go")
     return result
 
 
@@ -97,7 +98,7 @@ def test_writer_ledger_travels_with_the_pages(copied):
 
 
 def test_shipment_metadata_crosses_the_store(copied):
-    """num_tokens and the first token arrive through the bootstrap store, and the room is dropped after close."""
+    """num_tokens and the first token arrive through the bootstrap store; after close the room and its keys are gone."""
     _, decode = copied
     assert decode["shipment"][:2] == (NUM_TOKENS, 42)
     assert decode["rooms_left"] == 0

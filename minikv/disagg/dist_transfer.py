@@ -14,6 +14,7 @@ decode process the destination pool and the receiver side. Bytes really travel:
                `shipment`  num_tokens, first_token, checksum, cached_tokens, sampler state,
                            page count, batch sizes, dtype (JSON)
                `abort`     the reason and status of an abort (JSON)
+               `closed`    how many sides have dropped the room; the second deletes its keys
     payload    point-to-point `isend`/`irecv` (gloo on CPU; with NCCL between GPUs, whose
                point-to-point ops ignore tags and match in posting order) of, per batch, the
                K/V pages `(L, 2, n, page, KVH, D)` and the writer ledger of their slots
@@ -54,6 +55,7 @@ from minikv.page_pool import PagePool
 TAGS_PER_BATCH = 2  # one tag for the pages, one for their writer ledger
 MAX_BATCHES_PER_ROOM = 1 << 12  # tags are room * MAX_BATCHES_PER_ROOM * TAGS_PER_BATCH + ...
 SENT, ABORTED = "sent", "aborted"
+ROOM_KEYS = ("dst", "state", "shipment", "abort", "closed")  # every key a room writes in the store
 
 
 class Completion:
@@ -234,6 +236,9 @@ class DistKVManager:
         self.posted.pop(room, None)
         if self.audit is not None:
             self.audit.retire(t.uid)
+        if self.store.add(_key(room, "closed"), 1) == 2:  # the second side to finish clears the room's keys
+            for name in ROOM_KEYS:
+                self.store.delete_key(_key(room, name))
 
     # -- progress -----------------------------------------------------------------------------
     def land_due(self) -> None:

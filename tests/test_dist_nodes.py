@@ -8,16 +8,15 @@ from http import HTTPStatus
 import pytest
 
 from minikv.admission import check_request
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
-from minikv.disagg.scenarios import MAX_TOKENS as SCENARIO_MAX_TOKENS
-from minikv.workload import Note, long_document_prompt, note_prompt
-
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.dist_nodes import PairJob, node_pair_worker
 from minikv.disagg.dist_pair import run_pair
+from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.disagg.scenarios import MAX_TOKENS as SCENARIO_MAX_TOKENS
 from minikv.disagg.switches import SafetySwitches
 from minikv.request import Request
 from minikv.tokenizer import decode
+from minikv.workload import Note, long_document_prompt, note_prompt
 
 CONFIG = ClusterConfig(prefill_pages=64, decode_pages=128)
 MAX_TOKENS = 8
@@ -67,7 +66,7 @@ def over_length_across_processes(tiny, switches: SafetySwitches) -> tuple[object
     reference = run_scenario("over-length", model, tok, switches, secret=SECRET, seed=0)
     alice = note_prompt("alice", Note("card", SECRET))
     bob = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))
-    ids = lambda text, tenant: check_request(Request(text, tenant, SCENARIO_MAX_TOKENS), tok)  # noqa: E731
+    ids = lambda text, tenant: check_request(Request(text, tenant, SCENARIO_MAX_TOKENS), tok)
     job = PairJob([[("alice", ids(alice, "alice"))], [("bob", ids(bob, "bob"))]], SCENARIO_MAX_TOKENS,
                   ClusterConfig(), switches)
     _, decode_side = run_pair(node_pair_worker, job, timeout_s=28)
@@ -88,6 +87,6 @@ def test_vulnerable_over_length_leaks_across_the_process_boundary(tiny):
 def test_each_switch_closes_the_leak_across_processes(tiny, switch):
     """One switch on over the vulnerable preset: Bob gets an error, not Alice's secret, as in one process."""
     reference, decode_side = over_length_across_processes(tiny, VULNERABLE.with_switches(enable=[switch]))
-    status, ids = decode_side["answers"]["req-2"]
+    status, _ = decode_side["answers"]["req-2"]
     assert status != HTTPStatus.OK and status == reference.status
     assert decode_side["cross_tenant_reads"] == 0

@@ -9,7 +9,13 @@ import torch
 import torch.distributed as dist
 
 from minikv.disagg.checksum import kv_checksum
-from minikv.disagg.dist_pair import PREFILL_RANK, make_pool, run_pair, transfer_one_room, wait_for
+from minikv.disagg.dist_pair import (
+    PREFILL_RANK,
+    make_pool,
+    run_pair,
+    transfer_one_room,
+    wait_for,
+)
 from minikv.disagg.dist_transfer import ROOM_KEYS, SENT, DistKVManager
 from minikv.disagg.transfer import KVPoll, KVReceiver, KVSender, Shipment
 from minikv.model import ModelConfig
@@ -57,7 +63,6 @@ def _copy_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> 
     manager.open_room(3, "req-3", "tenant-a", WRITER)
     dst = pool.allocate(len(SRC_PAGES), "req-3")
     receiver = KVReceiver(manager, 3)
-    shipment_seen = []
     receiver.send_metadata(dst)
 
     def done() -> bool:
@@ -66,10 +71,9 @@ def _copy_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> 
 
     wait_for(done, deadline, "the room to land")
     shipment = receiver.transfer.shipment
-    shipment_seen.append((shipment.num_tokens, shipment.first_token, shipment.checksum))
     result = {"state": receiver.poll(), "dst": dst, "kv": pool.kv[:, :, dst].clone(),
               "writers": audit.writers[_slots(dst)].clone(), "positions": audit.positions[_slots(dst)].clone(),
-              "shipment": shipment_seen[0], "checksum_here": kv_checksum(pool, dst, NUM_TOKENS)}
+              "shipment": (shipment.num_tokens, shipment.first_token, shipment.checksum), "checksum_here": kv_checksum(pool, dst, NUM_TOKENS)}
     receiver.close()
     result["rooms_left"] = len(manager.rooms)
     wait_for(lambda: not any(store.check([f"kv/3/{name}"]) for name in ROOM_KEYS), deadline, "the room's keys to go")
@@ -119,17 +123,17 @@ def _late_write_worker(rank: int, store: dist.Store, deadline: float, args: tupl
         dst = pool.allocate(len(SRC_PAGES), f"req-{room}")
         receiver = KVReceiver(manager, room)
         receiver.send_metadata(dst)
-        wait_for(lambda: manager._state(room) == SENT, deadline, "prefill to send")  # the write is in the network
+        wait_for(lambda room=room: manager.room_state(room) == SENT, deadline, "prefill to send")  # the write is in the network
         receiver.abort("cancelled by the client", 499)
         settled_at_abort = manager.settled_locally(room)
         if deferred:
-            wait_for(lambda: manager.settled(room), deadline, "the in-flight write to land")
+            wait_for(lambda room=room: manager.settled(room), deadline, "the in-flight write to land")
         pool.free(dst, f"req-{room}")
         reused = pool.allocate(len(SRC_PAGES), "req-b")  # the next request, another tenant's
         pool.kv[:, :, reused] = B_VALUE
         audit.record_writes(_slots(reused), torch.full((len(reused) * PAGE,), B_WRITER))
         receiver.close()
-        wait_for(lambda: (manager.land_due(), room not in manager.rooms)[1], deadline, "the room to drop")
+        wait_for(lambda room=room: (manager.land_due(), room not in manager.rooms)[1], deadline, "the room to drop")
         out[room] = {"settled_at_abort": settled_at_abort, "same_pages": reused == dst,
                      "kv": pool.kv[:, :, reused].clone(), "writers": audit.writers[_slots(reused)].clone(),
                      "late": [r for r, _ in manager.landed_late]}

@@ -158,11 +158,12 @@ class DistKVManager:
     def settled_locally(self, room: int) -> bool:
         """As `settled`, without advancing any operation first."""
         t = self.rooms[room]
-        if self.side == "receiver" and self._state(room) == SENT and t.shipment is None:
+        if self.side == "receiver" and self.room_state(room) == SENT and t.shipment is None:
             return False  # sent, not yet received here: the write is on its way
         return not self.posted.get(room)
 
-    def _state(self, room: int) -> str:
+    def room_state(self, room: int) -> str:
+        """The room's decided state in the store: "", "sent" or "aborted"."""
         key = _key(room, "state")
         return self.store.get(key).decode() if self.store.check([key]) else ""
 
@@ -246,7 +247,7 @@ class DistKVManager:
         operations land (receiver) or finish (sender)."""
         if self.side == "receiver":
             for t in list(self.rooms.values()):
-                if t.shipment is None and t.dst_pages is not None and self._state(t.room) == SENT:
+                if t.shipment is None and t.dst_pages is not None and self.room_state(t.room) == SENT:
                     self._post_receives(t)
         for room in list(self.posted):
             self._complete(room)

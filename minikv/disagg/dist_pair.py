@@ -1,0 +1,152 @@
+"""Two real processes joined by torch.distributed, for the distributed KV transfer.
+
+`run_pair(worker, args, timeout_s)` spawns rank 0 (prefill, the sender) and rank 1 (decode, the
+receiver) with torch.multiprocessing, gives each a process group over loopback (gloo) and the
+bootstrap `TCPStore`, and kills both if they are not done within `timeout_s`, so a lost message
+can never hang the caller. Each worker returns a dict, saved to a file the parent reads back.
+
+`python -m minikv.disagg.dist_pair --pages 256` measures the transfer over loopback: the pages of
+one room at a time, sender to receiver, and prints MiB/s and pages/s as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from minikv.audit import OwnershipAudit
+from minikv.disagg.dist_transfer import DistKVManager
+from minikv.disagg.transfer import KVPoll, KVReceiver, KVSender, Shipment
+from minikv.model import ModelConfig
+from minikv.page_pool import PagePool
+
+PREFILL_RANK, DECODE_RANK = 0, 1
+
+Worker = Callable[[int, dist.Store, float, tuple], dict]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, deadline: float) -> None:
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=max(1.0, deadline - time.time()))
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == PREFILL_RANK, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
+    try:
+        result = worker(rank, store, deadline, args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.barrier()  # neither side leaves while the other may still need the store
+    finally:
+        dist.destroy_process_group()
+
+
+def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
+    """Run `worker(rank, store, deadline, args)` in two processes; (prefill result, decode result)."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        deadline = time.time() + timeout_s
+        ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)
+        while not ctx.join(timeout=max(0.1, deadline - time.time())):
+            if time.time() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"the process pair did not finish within {timeout_s:.0f} s")
+        return tuple(torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False)  # files this call just wrote
+                     for r in (PREFILL_RANK, DECODE_RANK))
+
+
+def wait_for(condition: Callable[[], bool], deadline: float, what: str) -> None:
+    """Spin until `condition()` holds; raise past the deadline."""
+    while not condition():
+        if time.time() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        time.sleep(0.0005)
+
+
+def make_pool(config: ModelConfig, num_pages: int, page_size: int) -> tuple[PagePool, OwnershipAudit]:
+    return PagePool(config, num_pages, page_size), OwnershipAudit(num_pages * page_size, page_size, "node")
+
+
+def transfer_one_room(manager: DistKVManager, room: int, pages: list[int], deadline: float,
+                      shipment: Shipment | None = None) -> KVPoll:
+    """Carry one room through the protocol on this side, with the endpoints of transfer.py."""
+    if manager.side == "sender":
+        endpoint = KVSender(manager, room)
+        wait_for(lambda: endpoint.poll() is KVPoll.WaitingForInput, deadline, f"room {room}'s destination pages")
+        endpoint.init(len(pages))
+        endpoint.send(pages, shipment)
+    else:
+        endpoint = KVReceiver(manager, room)
+        endpoint.send_metadata(pages)
+
+    def done() -> bool:
+        manager.land_due()
+        return endpoint.poll() in (KVPoll.Success, KVPoll.Failed)
+
+    wait_for(done, deadline, f"room {room} to finish")
+    state = endpoint.poll()
+    endpoint.close()
+    return state
+
+
+BENCH_CONFIG = ModelConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
+                           num_kv_heads=2, head_dim=64, max_position_embeddings=256)
+
+
+def _throughput_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> dict:
+    pages_per_room, rooms, page_size = args
+    pool, audit = make_pool(BENCH_CONFIG, pages_per_room, page_size)
+    side = "sender" if rank == PREFILL_RANK else "receiver"
+    manager = DistKVManager(side, pool, audit, store, peer=1 - rank)
+    pages = list(range(pages_per_room))
+    shipment = Shipment(pages_per_room * page_size, 0, None)
+    dist.barrier()
+    start = time.perf_counter()
+    for room in range(rooms):
+        manager.open_room(room, f"r{room}", "t", uid=room + 1)
+        assert transfer_one_room(manager, room, pages, deadline, shipment) is KVPoll.Success
+    return {"seconds": time.perf_counter() - start}
+
+
+def measure(pages_per_room: int, rooms: int, page_size: int = 16, timeout_s: float = 120.0) -> dict:
+    """Loopback throughput of the distributed backend, as the receiver saw it."""
+    _, decode = run_pair(_throughput_worker, (pages_per_room, rooms, page_size), timeout_s)
+    c = BENCH_CONFIG
+    page_bytes = c.num_layers * 2 * page_size * c.num_kv_heads * c.head_dim * 4  # float32
+    total_pages = pages_per_room * rooms
+    return {"backend": "distributed (gloo, loopback)", "rooms": rooms, "pages_per_room": pages_per_room,
+            "page_kib": page_bytes / 1024, "seconds": round(decode["seconds"], 4),
+            "mib_per_s": round(total_pages * page_bytes / 2**20 / decode["seconds"], 1),
+            "pages_per_s": round(total_pages / decode["seconds"], 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Measure the distributed KV transfer over loopback.")
+    parser.add_argument("--pages", type=int, default=256, help="pages per room")
+    parser.add_argument("--rooms", type=int, default=8, help="rooms, transferred one after another")
+    args = parser.parse_args(argv)
+    if args.pages < 1 or args.rooms < 1:
+        print("error: --pages and --rooms must be at least 1", file=sys.stderr)
+        return 2
+    print(json.dumps(measure(args.pages, args.rooms)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -183,6 +183,18 @@ def drawn_images(page, selector: str) -> int:
     return page.eval_on_selector_all(selector, "images => images.filter(i => i.complete && i.naturalWidth > 0).length")
 
 
+def loaded_images(page, selector: str, timeout_ms: float) -> int:
+    """Wait (up to `timeout_ms`) until an image matching `selector` has loaded pixels; how many have."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("sel => [...document.querySelectorAll(sel)].some(i => i.complete && i.naturalWidth > 0)",
+                               arg=selector, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        pass
+    return drawn_images(page, selector)
+
+
 def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s: float) -> dict:
     """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot.
 
@@ -205,6 +217,8 @@ def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s:
             expect(page, WIDGET_IMAGE, "a page-map image inside the widget", ms)
             expect(page, STATIC_IMAGE, "a PNG output outside the widget", ms)
             expect(page, IDLE_KERNEL, "an idle kernel after Run All", ms)
+            # counted before Play: while it plays, the widget swaps its image every frame
+            widget_images, static_images = loaded_images(page, WIDGET_IMAGE, ms), loaded_images(page, STATIC_IMAGE, ms)
             readout = page.locator(".widget-slider .widget-readout").first
             before = readout.inner_text()
             page.locator(".widget-play button").first.click()  # the first button is Play
@@ -218,8 +232,8 @@ def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s:
             return {
                 "sliders": page.locator(".widget-slider").count(),
                 "play_buttons": page.locator(".widget-play button").count(),
-                "widget_images": drawn_images(page, WIDGET_IMAGE),
-                "static_images": drawn_images(page, STATIC_IMAGE),
+                "widget_images": widget_images,
+                "static_images": static_images,
                 "readout_before": before, "readout_after": after,
             }
         finally:

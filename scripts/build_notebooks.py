@@ -35,12 +35,14 @@ def build(source: Path, execute: bool = True) -> Path:
     """Write notebooks/<name>.ipynb from its source; execute it top to bottom if asked."""
     nb = jupytext.read(source)
     nb.metadata = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i:03d}"  # stable ids, so a rebuild's diff shows only what changed
     path = notebook_path(source)
     nbformat.write(nb, path)
     if execute:
         subprocess.run(
             [sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute", "--inplace",
-             "--ExecutePreprocessor.timeout=600", str(path)],
+             "--ExecutePreprocessor.timeout=600", "--ExecutePreprocessor.record_timing=False", str(path)],
             check=True, cwd=path.parent, env={**os.environ, "OMP_NUM_THREADS": "1"},  # as under pytest
         )
     return path

@@ -72,3 +72,22 @@ def test_constant_answers_fail(notebook, checker, answer, code):
     for stub in stubs:
         with pytest.raises(AssertionError, match="expected"):
             checkers()[checker](stub)
+
+
+def test_try_exercise_says_not_solved_for_the_stub_and_checks_an_answer(capsys):
+    """The learner's stub prints "not solved yet"; a real answer goes to the checker, failures included."""
+    from minikv.exercises import try_exercise
+
+    def stub(x):
+        raise NotImplementedError
+
+    def checker(fn):
+        assert fn(2) == 4, "expected 4"
+        print("correct")
+
+    try_exercise(checker, stub)
+    assert capsys.readouterr().out == "not solved yet: write stub, then run this cell again\n"
+    try_exercise(checker, lambda x: x * 2)
+    assert capsys.readouterr().out == "correct\n"
+    with pytest.raises(AssertionError, match="expected 4"):
+        try_exercise(checker, lambda x: x)

@@ -10,6 +10,7 @@ against the notebook's hidden solution (it must pass).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -17,3 +18,11 @@ def expect(got: Any, want: Any, case: str, hint: str = "") -> None:
     """Raise AssertionError saying, for `case`, what was expected and what came back."""
     if got != want or type(got) is bool and type(want) is not bool:
         raise AssertionError(f"{case}: expected {want!r}, got {got!r}." + (f" {hint}" if hint else ""))
+
+
+def try_exercise(checker: Callable[[Callable], None], answer: Callable) -> None:
+    """Run `checker` on the learner's `answer`; while it is still the stub, say so instead of failing."""
+    try:
+        checker(answer)
+    except NotImplementedError:
+        print(f"not solved yet: write {answer.__name__}, then run this cell again")

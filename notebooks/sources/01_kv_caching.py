@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from minikv.checkpoint import default_model_dir, load_model
 from minikv.contiguous_cache import ContiguousCache
 from minikv.decoding import generate_with_cache, generate_without_cache
+from minikv.exercises import try_exercise
 from minikv.exercises.nb01_kv_caching import check_attention_reads, check_kv_bytes_per_token, kv_bytes
 from minikv.tokenizer import decode
 from minikv.workload import document_sentence, make_prompt
@@ -247,10 +248,7 @@ print("transformers, with and without its cache, generates exactly our tokens:",
 def kv_bytes_per_token(num_layers, num_kv_heads, head_dim, bytes_per_value):
     raise NotImplementedError  # your code here
 
-try:
-    check_kv_bytes_per_token(kv_bytes_per_token)
-except NotImplementedError:
-    print("not solved yet: write kv_bytes_per_token, then run this cell again")
+try_exercise(check_kv_bytes_per_token, kv_bytes_per_token)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -273,10 +271,7 @@ check_kv_bytes_per_token(kv_bytes_per_token)
 def attention_reads(prompt_len, new_tokens):
     raise NotImplementedError  # your code here
 
-try:
-    check_attention_reads(attention_reads)
-except NotImplementedError:
-    print("not solved yet: write attention_reads, then run this cell again")
+try_exercise(check_attention_reads, attention_reads)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

@@ -26,6 +26,7 @@ from minikv.checkpoint import load_model
 from minikv.config import EngineConfig
 from minikv.contiguous_cache import ContiguousCache
 from minikv.engine import Engine
+from minikv.exercises import try_exercise
 from minikv.exercises.nb02_page_pools import check_slot_mapping, check_wasted_slots
 from minikv.kv_accounting import contiguous_use, paged_use
 from minikv.page_pool import PagePool
@@ -382,10 +383,7 @@ page_map(engine.log, engine.pool.num_pages, page_size=16)
 def slot_of(block_table, page_size, position):
     raise NotImplementedError  # your code here
 
-try:
-    check_slot_mapping(slot_of)
-except NotImplementedError:
-    print("not solved yet: write slot_of, then run this cell again")
+try_exercise(check_slot_mapping, slot_of)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -405,10 +403,7 @@ check_slot_mapping(slot_of)
 def wasted_slots(kv_lens, page_size):
     raise NotImplementedError  # your code here
 
-try:
-    check_wasted_slots(wasted_slots)
-except NotImplementedError:
-    print("not solved yet: write wasted_slots, then run this cell again")
+try_exercise(check_wasted_slots, wasted_slots)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -430,10 +425,7 @@ check_wasted_slots(wasted_slots)
 def stale_pages(events, num_pages):
     raise NotImplementedError  # your code here
 
-try:
-    check_stale_pages(stale_pages)
-except NotImplementedError:
-    print("not solved yet: write stale_pages, then run this cell again")
+try_exercise(check_stale_pages, stale_pages)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

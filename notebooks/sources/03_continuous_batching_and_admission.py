@@ -21,6 +21,7 @@ import random
 from minikv.checkpoint import load_model
 from minikv.config import EngineConfig
 from minikv.engine import Engine
+from minikv.exercises import try_exercise
 from minikv.exercises.nb03_admission import check_admission, check_safe_context_len
 from minikv.request import Request
 from minikv.viz import PageStatus, page_map, replay, timeline
@@ -242,10 +243,7 @@ page_map(incident.log, incident.pool.num_pages, page_size=16)
 def admits(prompt_len, max_tokens, context_len, pool_pages, page_size):
     raise NotImplementedError  # your code here
 
-try:
-    check_admission(admits)
-except NotImplementedError:
-    print("not solved yet: write admits, then run this cell again")
+try_exercise(check_admission, admits)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -268,10 +266,7 @@ check_admission(admits)
 def safe_context_len(pool_pages, page_size, context_len):
     raise NotImplementedError  # your code here
 
-try:
-    check_safe_context_len(safe_context_len)
-except NotImplementedError:
-    print("not solved yet: write safe_context_len, then run this cell again")
+try_exercise(check_safe_context_len, safe_context_len)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

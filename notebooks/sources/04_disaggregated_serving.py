@@ -41,6 +41,7 @@ from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer import KVPoll
 from minikv.engine import Engine
+from minikv.exercises import try_exercise
 from minikv.exercises.nb04_disaggregated import check_decode_reservation, check_transfer_ticks
 from minikv.request import Request
 from minikv.viz import find_event, show_replay, stage_spans, timeline
@@ -190,10 +191,7 @@ for i, tenant in enumerate(prompts):
 def decode_pages(prompt_tokens, max_tokens, page_size):
     raise NotImplementedError  # your code here
 
-try:
-    check_decode_reservation(decode_pages)
-except NotImplementedError:
-    print("not solved yet: write decode_pages, then run this cell again")
+try_exercise(check_decode_reservation, decode_pages)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -213,10 +211,7 @@ check_decode_reservation(decode_pages)
 def transfer_ticks(num_pages, cap, base, rate):
     raise NotImplementedError  # your code here
 
-try:
-    check_transfer_ticks(transfer_ticks)
-except NotImplementedError:
-    print("not solved yet: write transfer_ticks, then run this cell again")
+try_exercise(check_transfer_ticks, transfer_ticks)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

@@ -30,6 +30,7 @@ from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
+from minikv.exercises import try_exercise
 from minikv.exercises.nb05_the_leak import check_output_test
 from minikv.viz import find_event, page_map, show_replay, ttft_plot
 from minikv.workload import long_document_prompt
@@ -213,10 +214,7 @@ assert fixed.attacker.status == 400 and SECRET not in fixed.attacker.text and fi
 def trustworthy(prompt, response):
     raise NotImplementedError  # your code here
 
-try:
-    check_output_test(trustworthy)
-except NotImplementedError:
-    print("not solved yet: write trustworthy, then run this cell again")
+try_exercise(check_output_test, trustworthy)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution: a non-200 is an honest failure; a 200 must say exactly what the prompt explains.

@@ -32,6 +32,7 @@ from minikv.checkpoint import load_model
 from minikv.disagg.cluster import POST_FIX_PREFILL_PAGES, Cluster, ClusterConfig
 from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
+from minikv.exercises import try_exercise
 from minikv.exercises.nb06_fixes import check_poisoned_pages
 from minikv.viz import find_event, page_map
 from minikv.workload import Note, expected_reply, long_document_prompt, note_prompt
@@ -247,10 +248,7 @@ Image(filename=str(figure), width=720)
 def poisoned_pages(prompt_tokens, page_size, tokens_transferred):
     raise NotImplementedError  # your code here
 
-try:
-    check_poisoned_pages(poisoned_pages)
-except NotImplementedError:
-    print("not solved yet: write poisoned_pages, then run this cell again")
+try_exercise(check_poisoned_pages, poisoned_pages)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

@@ -18,6 +18,7 @@ from minikv.checkpoint import load_model
 from minikv.disagg.cluster import ClusterConfig
 from minikv.disagg.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
+from minikv.exercises import try_exercise
 from minikv.exercises.nb07_late_writes import check_largest_safe_cap
 from minikv.viz import find_event, page_map, show_replay, timeline
 from minikv.viz.queues import wire_spans
@@ -139,10 +140,7 @@ picture
 def largest_safe_cap(base, rate, timeout):
     raise NotImplementedError  # your code here
 
-try:
-    check_largest_safe_cap(largest_safe_cap)
-except NotImplementedError:
-    print("not solved yet: write largest_safe_cap, then run this cell again")
+try_exercise(check_largest_safe_cap, largest_safe_cap)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

@@ -23,6 +23,7 @@ from minikv.logs.gateway_log import (
     CONTEXT_WINDOW_TOKENS, INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, INCIDENT_MODEL, OUTAGE_END,
     OUTAGE_START, PREFILL_POOL_TOKENS, SHIPPED_LOG, GatewayRecord, MalformedLine, iter_log,
 )
+from minikv.exercises import try_exercise
 from minikv.exercises.nb08_detection import check_ceiling, check_mrn_pattern, check_unreviewable
 from minikv.logs.scan import Checklist, Signals, format_report, implied_prefill_rate, scan_log, scan_records
 
@@ -298,10 +299,7 @@ assert report[-1] == result.zone_note()
 def unreviewable(affected):
     raise NotImplementedError  # your code here
 
-try:
-    check_unreviewable(unreviewable)
-except NotImplementedError:
-    print("not solved yet: write unreviewable, then run this cell again")
+try_exercise(check_unreviewable, unreviewable)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -346,10 +344,7 @@ assert mrn_hits and mrn_hits <= in_set
 def choose_ceiling(records, in_set, outage_start):
     raise NotImplementedError  # your code here
 
-try:
-    check_ceiling(choose_ceiling)
-except NotImplementedError:
-    print("not solved yet: write choose_ceiling, then run this cell again")
+try_exercise(check_ceiling, choose_ceiling)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]

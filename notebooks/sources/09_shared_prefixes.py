@@ -28,6 +28,7 @@ from minikv.disagg.prefix_probe import (KNOWN_PREFIX, cached_tokens_oracle, page
 from minikv.disagg.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
+from minikv.exercises import try_exercise
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
 from minikv.prefix_cache import page_keys
 from minikv.request import Request
@@ -284,10 +285,7 @@ assert shared.cached_tokens > salted.cached_tokens > 0
 def cached_tokens(earlier, prompt, page_size):
     raise NotImplementedError  # your code here
 
-try:
-    check_cached_tokens(cached_tokens)
-except NotImplementedError:
-    print("not solved yet: write cached_tokens, then run this cell again")
+try_exercise(check_cached_tokens, cached_tokens)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution: whole pages, matched from the start (the chain), never the prompt's last token.
@@ -313,10 +311,7 @@ check_cached_tokens(cached_tokens)
 def recover(cached_tokens_of, known, alphabet):
     raise NotImplementedError  # your code here
 
-try:
-    check_recover(recover)
-except NotImplementedError:
-    print("not solved yet: write recover, then run this cell again")
+try_exercise(check_recover, recover)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution: one round per character; the right guess is cached one token further than what you know.

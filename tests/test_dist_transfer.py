@@ -136,7 +136,7 @@ def _late_write_worker(rank: int, store: dist.Store, deadline: float, args: tupl
         wait_for(lambda room=room: (manager.land_due(), room not in manager.rooms)[1], deadline, "the room to drop")
         out[room] = {"settled_at_abort": settled_at_abort, "same_pages": reused == dst,
                      "kv": pool.kv[:, :, reused].clone(), "writers": audit.writers[_slots(reused)].clone(),
-                     "late": [r for r, _ in manager.landed_late]}
+                     "late": [r for r, *_ in manager.landed_late]}
         pool.free(reused, "req-b")
     return out
 

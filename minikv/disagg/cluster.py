@@ -99,12 +99,28 @@ def startup_problem(config: ClusterConfig) -> str | None:
     return None
 
 
+def pool_line(node: str, pool: PagePool, context_len: int) -> str:
+    """A node's startup line: its pool size next to the context window."""
+    return (f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} tokens; "
+            f"context window: {context_len} tokens")
+
+
 def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, torch.device]:
     if config.devices is not None:
         return pick_device(config.devices[0]), pick_device(config.devices[1])
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         return torch.device("cuda:0"), torch.device("cuda:1")
     return model.device, model.device
+
+
+def decode_response(tokenizer: PreTrainedTokenizerBase, seq: Sequence, status: int, error: str | None) -> Response:
+    """The client's response for a request that left the decode node with `status`."""
+    ok = status == HTTPStatus.OK
+    out = [t for t in seq.output_ids if t != tokenizer.eos_token_id] if ok else []
+    return Response(seq.request_id, seq.tenant, status, decode(tokenizer, out),
+                    Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0, seq.cached_tokens if ok else 0),
+                    seq.first_token_s if ok else None, list(seq.token_times_s), error,
+                    seq.finish_reason, seq.client_request_id)
 
 
 class Cluster(FrontDoor):
@@ -150,8 +166,7 @@ class Cluster(FrontDoor):
 
     def startup_log(self) -> list[str]:
         """What each node logs at startup: its pool size next to the context window."""
-        return [f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} tokens; "
-                f"context window: {self.config.context_len} tokens"
+        return [pool_line(node, pool, self.config.context_len)
                 for node, pool in (("prefill", self.prefill_pool), ("decode", self.decode_pool))]
 
     # -- requests in ---------------------------------------------------------------------------
@@ -209,16 +224,7 @@ class Cluster(FrontDoor):
         self.manager.land_due()
         self.clock.advance()
         for outcome in self.decode.take_outcomes():
-            self._answer(self._response(outcome.seq, outcome.status, outcome.error))
-
-    # -- responses out ---------------------------------------------------------------------------
-    def _response(self, seq: Sequence, status: int, error: str | None) -> Response:
-        ok = status == HTTPStatus.OK
-        out = [t for t in seq.output_ids if t != self.tokenizer.eos_token_id] if ok else []
-        return Response(seq.request_id, seq.tenant, status, decode(self.tokenizer, out),
-                        Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0, seq.cached_tokens if ok else 0),
-                        seq.first_token_s if ok else None, list(seq.token_times_s), error,
-                        seq.finish_reason, seq.client_request_id)
+            self._answer(decode_response(self.tokenizer, outcome.seq, outcome.status, outcome.error))
 
     # -- what the fuzzer checks ------------------------------------------------------------------
     def check_integrity(self) -> None:

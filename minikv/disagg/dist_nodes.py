@@ -1,15 +1,16 @@
 """The prefill node and the decode node in two processes, joined by the distributed transfer.
 
-`node_pair_worker` is a `dist_pair.run_pair` worker: rank 0 builds a `PrefillNode`, rank 1 a
-`DecodeNode`, each with its own model copy, pool, audit, event log and `DistKVManager`, exactly
-as `Cluster` builds them in one process. Both processes receive the same requests (prompt ids
-already checked by a front door, one room and one audit uid each), as SGLang's router hands a
-request to both workers, in waves; each steps its own node on its own clock until it holds
+`build_node_worker` builds one process's half: rank 0 a `PrefillNode`, rank 1 a `DecodeNode`,
+each with its own model copy, pool, audit, event log (off) and `DistKVManager`, as `Cluster`
+builds them in one process.
+
+`node_pair_worker` is a `dist_pair.run_pair` worker on it. Both processes receive the same
+requests (prompt ids already checked by a front door, one room and one audit uid each), as
+SGLang's router hands a request to both workers, in waves; each steps its own node on its own clock until it holds
 nothing and no room of it is still open, then takes the next wave (as a client that waits for
 one answer before it sends the next request). The decode process returns every request's status and output ids.
 
-Not behind `Cluster` yet: there is no front door across the processes (no cancel, no streaming,
-no 503 for a dead worker), which is what `serve --disagg --transport distributed` still needs.
+The front door across the processes (cancel, streaming, 503 for a dead worker) is `dist_cluster.py`.
 """
 
 from __future__ import annotations
@@ -23,17 +24,81 @@ import torch.distributed as dist
 
 from minikv.audit import OwnershipAudit
 from minikv.checkpoint import load_model
-from minikv.disagg.cluster import Cluster, ClusterConfig
+from minikv.disagg.cluster import Cluster, ClusterConfig, pool_line
 from minikv.disagg.decode_node import DecodeNode
 from minikv.disagg.dist_pair import PREFILL_RANK, run_pair
 from minikv.disagg.dist_transfer import DistKVManager
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.switches import SafetySwitches
 from minikv.events import EventLog
+from minikv.model import Llama
 from minikv.page_pool import PagePool
 from minikv.prefix_cache import cache_salt, page_keys
 from minikv.request import Request, Sequence
 from minikv.sampling import SamplingParams
+
+
+@dataclass
+class NodeWorker:
+    """One process's half of the pair: its node, pool, audit and `DistKVManager`.
+
+    `build_node_worker` makes it the way `Cluster` builds each node in one process; both
+    `node_pair_worker` (requests in waves) and `dist_worker` (requests from the front door) drive it.
+    """
+
+    node: PrefillNode | DecodeNode
+    manager: DistKVManager
+    pool: PagePool
+    audit: OwnershipAudit | None
+
+    @property
+    def is_prefill(self) -> bool:
+        return isinstance(self.node, PrefillNode)
+
+    def admit(self, seq: Sequence, tick: int) -> None:
+        """Open `seq`'s room on this side, register it with the audit, and hand it to the node."""
+        if not self.is_prefill:
+            seq.cache_keys = []  # the decode pool keeps no prefix cache
+        self.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
+        if self.audit is not None:
+            self.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
+        self.node.add(seq, tick)
+
+    def busy(self) -> bool:
+        """A request is held, or a room of this side is still open."""
+        return bool(self.node.live() or self.manager.rooms)
+
+    def step(self, tick: int) -> None:
+        self.node.step(tick)
+        self.manager.land_due()
+
+    def startup_line(self, context_len: int) -> str:
+        return pool_line(self.node.name, self.pool, context_len)
+
+    def report(self) -> dict:
+        """What this side reports: pool occupancy and what its audit saw."""
+        return {"free_pages": self.pool.num_free_pages, "total_pages": self.pool.num_pages,
+                "pages_held": sum(1 for h in self.pool.holders if h),
+                "cross_tenant_reads": self.audit.cross_tenant_reads if self.audit is not None else 0,
+                "late_writes": [{"room": r, "pages": pages, "holders": holders} for r, pages, holders in self.manager.landed_late]}
+
+
+def build_node_worker(rank: int, store: dist.Store, model: Llama, eos_id: int, config: ClusterConfig,
+                      switches: SafetySwitches, timeout_s: float | None = None, link_s_per_page: float = 0.0) -> NodeWorker:
+    """Rank 0 a `PrefillNode`, rank 1 a `DecodeNode`, on `model`'s device, with the event log off."""
+    prefill, ps = rank == PREFILL_RANK, config.page_size
+    pool = PagePool(model.config, config.prefill_pages if prefill else config.decode_pages, ps, model.device, model.dtype,
+                    switches.scrub_on_free, prefix_caching=prefill and config.prefix_caching)
+    audit = OwnershipAudit(pool.num_pages * ps, ps, "prefill" if prefill else "decode", pool.kv.device) if config.audit else None
+    if audit is not None:
+        pool.on_scrub = audit.forget  # a scrubbed slot was written by nobody
+    cap = config.transfer_batch_cap_pages if switches.transfer_batch_cap else None
+    manager = DistKVManager("sender" if prefill else "receiver", pool, audit, store, peer=1 - rank, batch_cap_pages=cap,
+                            timeout_s=timeout_s, link_s_per_page=link_s_per_page)
+    log = EventLog(enabled=False)
+    node = (PrefillNode(model, pool, audit, log, manager, switches, config.context_len, config.max_prefill_tokens)
+            if prefill else DecodeNode(model, pool, audit, log, manager, switches, eos_id))
+    return NodeWorker(node, manager, pool, audit)
 
 
 @dataclass(frozen=True)
@@ -49,16 +114,8 @@ class PairJob:
 def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob) -> dict:
     """Run this rank's node over every request; the decode rank returns {request id: (status, output ids)}."""
     model, tokenizer = load_model(device="cpu")
-    config, switches, ps = job.config, job.switches, job.config.page_size
-    prefill = rank == PREFILL_RANK
-    pool = PagePool(model.config, config.prefill_pages if prefill else config.decode_pages, ps, "cpu", model.dtype,
-                    switches.scrub_on_free, prefix_caching=prefill and config.prefix_caching)
-    audit = OwnershipAudit(pool.num_pages * ps, ps, "prefill" if prefill else "decode")
-    cap = config.transfer_batch_cap_pages if switches.transfer_batch_cap else None
-    manager = DistKVManager("sender" if prefill else "receiver", pool, audit, store, peer=1 - rank, batch_cap_pages=cap)
-    log = EventLog(enabled=False)
-    node = (PrefillNode(model, pool, audit, log, manager, switches, config.context_len, config.max_prefill_tokens)
-            if prefill else DecodeNode(model, pool, audit, log, manager, switches, tokenizer.eos_token_id))
+    config, switches = job.config, job.switches
+    worker = build_node_worker(rank, store, model, tokenizer.eos_token_id, config, switches)
     answers: dict[str, tuple[int, list[int]]] = {}
     first_token_s: dict[str, float] = {}  # time to first token, seen from the decode process
     tick, room = 0, 0
@@ -66,28 +123,24 @@ def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob
     for wave in job.waves:
         for tenant, ids in wave:
             room += 1
-            request_id = f"req-{room}"
-            seq = Sequence(request_id, tenant, list(ids), job.max_tokens, SamplingParams(), time.perf_counter(),
+            seq = Sequence(f"req-{room}", tenant, list(ids), job.max_tokens, SamplingParams(), time.perf_counter(),
                            uid=room, room=room)
-            manager.open_room(room, request_id, tenant, seq.uid)
-            audit.register(seq.uid, request_id, tenant, ids)
-            if prefill and config.prefix_caching:
-                seq.cache_keys = page_keys(ids, ps, cache_salt(tenant, None, per_tenant=switches.cache_salt))
-            node.add(seq, tick)
-        while node.live() or manager.rooms:
+            if config.prefix_caching:
+                seq.cache_keys = page_keys(ids, config.page_size, cache_salt(tenant, None, per_tenant=switches.cache_salt))
+            worker.admit(seq, tick)
+        while worker.busy():
             if time.time() > deadline:
-                raise TimeoutError(f"{node.name} still busy at tick {tick}: {node.live()} request(s), rooms {sorted(manager.rooms)}")
-            node.step(tick)
-            manager.land_due()
+                raise TimeoutError(f"{worker.node.name} still busy at tick {tick}: {worker.node.live()} request(s), "
+                                   f"rooms {sorted(worker.manager.rooms)}")
+            worker.step(tick)
             tick += 1
-            if not prefill:
-                for outcome in node.take_outcomes():
+            if not worker.is_prefill:
+                for outcome in worker.node.take_outcomes():
                     answers[outcome.seq.request_id] = (int(outcome.status), list(outcome.seq.output_ids))
                     if outcome.seq.first_token_s is not None:
                         first_token_s[outcome.seq.request_id] = outcome.seq.first_token_s
-    node.check_integrity()
-    return {"answers": answers, "first_token_s": first_token_s, "pages_held": sum(1 for h in pool.holders if h),
-            "cross_tenant_reads": audit.cross_tenant_reads, "ticks": tick}
+    worker.node.check_integrity()
+    return {"answers": answers, "first_token_s": first_token_s, "ticks": tick, **worker.report()}
 
 
 def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:

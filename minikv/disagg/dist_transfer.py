@@ -32,9 +32,19 @@ stops what was not yet sent. `settled(room)` is False until every announced batc
 which is what `deferred_release` waits for; without it the pages can be reused before the late
 write lands in them.
 
-`dist_nodes.py` runs the prefill and decode nodes on it in two processes. Not done yet (issue 17):
-timeouts (a transfer that never completes stays Transferring, until the process pair's own
-deadline), the front door across processes and `serve --transport distributed`; NCCL untested.
+Two knobs of ours, neither in SGLang:
+    timeout_s         a room whose posted operations make no progress for this long is aborted
+                      (Failed, 500), as the in-process fabric's `transfer_timeout_ticks`; what was
+                      posted may still land later, so the room is not settled until it does.
+    link_s_per_page   a slow link, for the lessons: the sender holds each batch for this many
+                      seconds per page (a room's batches one after another, as a link of fixed
+                      bandwidth) before its isend is posted. The room is Transferring, and the
+                      receiver has posted its irecvs, all that while: a cancel then races a real
+                      late write, with a window wide enough to hit on purpose.
+
+Gloo moves CPU tensors only: between CUDA pools on gloo the pages are staged through host memory;
+with NCCL (both ends on GPUs) they go device to device. `dist_nodes.py` runs the prefill and
+decode nodes on it in two processes; `dist_cluster.py` puts the front door in front of them.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from http import HTTPStatus
 
 import torch
@@ -112,14 +123,21 @@ class DistKVManager:
     """
 
     def __init__(self, side: str, pool: PagePool, audit: OwnershipAudit | None, store: dist.Store, peer: int,
-                 batch_cap_pages: int | None = None) -> None:
+                 batch_cap_pages: int | None = None, timeout_s: float | None = None,
+                 link_s_per_page: float = 0.0) -> None:
         assert side in ("sender", "receiver"), f"unknown side {side!r}"
         self.side, self.pool, self.audit, self.store, self.peer = side, pool, audit, store, peer
-        self.batch_cap_pages = batch_cap_pages
+        self.batch_cap_pages, self.timeout_s, self.link_s_per_page = batch_cap_pages, timeout_s, link_s_per_page
         self.rooms: dict[int, Transfer] = {}
         # room -> posted operations not yet completed: (work handles, dst pages, kv buffer, ledger buffer)
         self.posted: dict[int, list[tuple[list[Completion], list[int], Tensor, Tensor]]] = {}
-        self.landed_late: list[tuple[int, list[int]]] = []  # (room, dst pages) of writes that landed after an abort
+        # the sender's batches held by the slow link: (when to post, room, batch index, pages, kv, ledger)
+        self.held: list[tuple[float, int, int, list[int], Tensor, Tensor]] = []
+        self.last_progress_s: dict[int, float] = {}  # room -> when its operations last made progress
+        # (room, dst pages, owners of those pages when it landed) of writes that landed after an abort
+        self.landed_late: list[tuple[int, list[int], list[str]]] = []
+        gloo = dist.is_initialized() and dist.get_backend() == "gloo"
+        self.wire = torch.device("cpu") if gloo else pool.kv.device  # gloo moves host tensors only
 
     def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
         assert room not in self.rooms, f"room {room} opened twice"
@@ -139,7 +157,15 @@ class DistKVManager:
             t.dst_pages = json.loads(self.store.get(_key(room, "dst")))
         if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
             return KVPoll.WaitingForInput
+        self._check_timeout(t)
         return t.status
+
+    def _check_timeout(self, t: Transfer) -> None:
+        """A Transferring room whose operations made no progress for timeout_s is aborted here."""
+        if self.timeout_s is None or t.status is not KVPoll.Transferring:
+            return
+        if time.monotonic() - self.last_progress_s.get(t.room, time.monotonic()) > self.timeout_s:
+            self.abort(t.room, f"KV transfer timed out: no progress for {self.timeout_s:g} s")
 
     def _peer_aborted(self, t: Transfer) -> bool:
         """Read an abort the other side decided; mark the room Failed here too."""
@@ -160,7 +186,7 @@ class DistKVManager:
         t = self.rooms[room]
         if self.side == "receiver" and self.room_state(room) == SENT and t.shipment is None:
             return False  # sent, not yet received here: the write is on its way
-        return not self.posted.get(room)
+        return not self.posted.get(room) and not any(r == room for _, r, *_ in self.held)
 
     def room_state(self, room: int) -> str:
         """The room's decided state in the store: "", "sent" or "aborted"."""
@@ -197,16 +223,30 @@ class DistKVManager:
                 "sampler_state": _encode_state(shipment.sampler_state), "batches": [len(b) for b in batches],
                 "dtype": str(self.pool.kv.dtype), "uid": t.uid}
         self.store.set(_key(room, "shipment"), json.dumps(meta))
-        ps = self.pool.page_size
+        ps, now, sent_pages = self.pool.page_size, time.monotonic(), 0
         for i, pages in enumerate(batches):
-            kv = self.pool.kv[:, :, pages].contiguous()  # (L, 2, n, page, KVH, D) a snapshot of the source
+            kv = self.pool.kv[:, :, pages].to(self.wire, copy=True)  # (L, 2, n, page, KVH, D) a snapshot of the source
             slots = torch.tensor([p * ps + o for p in pages for o in range(ps)], device=self.pool.kv.device)
-            ledger = self._ledger(slots)  # (2, n * page) writer uid, token position
+            ledger = self._ledger(slots).to(self.wire)  # (2, n * page) writer uid, token position
+            sent_pages += len(pages)
+            self.held.append((now + self.link_s_per_page * sent_pages, room, i, pages, kv, ledger))
+        t.in_flight = len(batches)
+        t.status = KVPoll.Transferring
+        self.last_progress_s[room] = now
+        self._post_held()
+
+    def _post_held(self) -> None:
+        """Post the isends of every held batch whose time on the slow link is over."""
+        now, still = time.monotonic(), []
+        for due, room, i, pages, kv, ledger in self.held:
+            if due > now:
+                still.append((due, room, i, pages, kv, ledger))
+                continue
             works = [Completion(dist.isend(kv, self.peer, tag=_tag(room, i, 0))),
                      Completion(dist.isend(ledger, self.peer, tag=_tag(room, i, 1)))]
             self.posted.setdefault(room, []).append((works, pages, kv, ledger))
-        t.in_flight = len(batches)
-        t.status = KVPoll.Transferring
+            self.last_progress_s[room] = now
+        self.held = still
 
     def _ledger(self, slots: Tensor) -> Tensor:
         if self.audit is None:
@@ -235,6 +275,7 @@ class DistKVManager:
             return
         del self.rooms[room]
         self.posted.pop(room, None)
+        self.last_progress_s.pop(room, None)
         if self.audit is not None:
             self.audit.retire(t.uid)
         if self.store.add(_key(room, "closed"), 1) == 2:  # the second side to finish clears the room's keys
@@ -249,8 +290,11 @@ class DistKVManager:
             for t in list(self.rooms.values()):
                 if t.shipment is None and t.dst_pages is not None and self.room_state(t.room) == SENT:
                     self._post_receives(t)
+        self._post_held()
         for room in list(self.posted):
             self._complete(room)
+        for t in list(self.rooms.values()):
+            self._check_timeout(t)
 
     def _post_receives(self, t: Transfer) -> None:
         meta = json.loads(self.store.get(_key(t.room, "shipment")))
@@ -262,12 +306,13 @@ class DistKVManager:
         for i, n in enumerate(meta["batches"]):
             pages = t.dst_pages[start : start + n]
             start += n
-            kv = torch.empty((L, two, n, ps, kvh, d), dtype=self.pool.kv.dtype, device=self.pool.kv.device)  # (L, 2, n, page, KVH, D)
-            ledger = torch.empty((2, n * ps), dtype=torch.long)  # (2, n * page)
+            kv = torch.empty((L, two, n, ps, kvh, d), dtype=self.pool.kv.dtype, device=self.wire)  # (L, 2, n, page, KVH, D)
+            ledger = torch.empty((2, n * ps), dtype=torch.long, device=self.wire)  # (2, n * page)
             works = [Completion(dist.irecv(kv, self.peer, tag=_tag(t.room, i, 0))),
                      Completion(dist.irecv(ledger, self.peer, tag=_tag(t.room, i, 1)))]
             self.posted.setdefault(t.room, []).append((works, pages, kv, ledger))
         t.in_flight = len(meta["batches"])
+        self.last_progress_s[t.room] = time.monotonic()
         if t.status is not KVPoll.Failed:
             t.status = KVPoll.Transferring
 
@@ -277,11 +322,16 @@ class DistKVManager:
         pending = self.posted[room]
         while pending and all(w.done() for w in pending[0][0]):
             works, pages, kv, ledger = pending.pop(0)
-            for w in works:
-                w.result()  # raises if the operation failed
+            t.in_flight -= 1
+            self.last_progress_s[room] = time.monotonic()
+            try:
+                for w in works:
+                    w.result()
+            except Exception as error:  # noqa: BLE001 - the peer is gone or the link broke: this batch never lands
+                self.abort(room, f"KV transfer failed: {type(error).__name__}: {error}")
+                continue
             if self.side == "receiver":
                 self._land(t, pages, kv, ledger)
-            t.in_flight -= 1
             if t.status is not KVPoll.Failed:
                 t.pages_landed += len(pages)
         if not pending:
@@ -294,9 +344,9 @@ class DistKVManager:
     def _land(self, t: Transfer, pages: list[int], kv: Tensor, ledger: Tensor) -> None:
         """The write lands in the advertised pages, whoever owns them now."""
         dst = torch.tensor(pages, device=self.pool.kv.device)
-        self.pool.kv[:, :, dst] = kv
+        self.pool.kv[:, :, dst] = kv.to(self.pool.kv.device)
         if t.status is KVPoll.Failed:
-            self.landed_late.append((t.room, list(pages)))
+            self.landed_late.append((t.room, list(pages), sorted({h for p in pages for h in self.pool.holders[p]})))
         if self.audit is not None:
             ps = self.pool.page_size
             slots = (dst[:, None] * ps + torch.arange(ps, device=dst.device)).flatten()  # (n * page,)

@@ -70,6 +70,9 @@ class FrontDoor(ABC):
     def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
         """Record a request answered at the door (the `reject` event)."""
 
+    def close(self) -> None:
+        """Release what the server holds outside this process (DistCluster's workers); nothing here."""
+
     # -- ids ------------------------------------------------------------------------------------
     def _open(self, request: Request) -> tuple[str, str, str | None]:
         """Take an engine id for `request`: (engine id, tenant, why it must be refused or None)."""

@@ -59,8 +59,10 @@ class WorkerSpec:
 
     @property
     def backend(self) -> str:
-        """NCCL when both ends are GPUs, else gloo (which stages CUDA pages through host memory)."""
-        return "nccl" if all(d.startswith("cuda") for d in self.devices) else "gloo"
+        """NCCL between two different GPUs, else gloo (which stages CUDA pages through host memory)."""
+        prefill, decode = (torch.device(d) for d in self.devices)
+        two_gpus = prefill.type == decode.type == "cuda" and prefill.index != decode.index
+        return "nccl" if two_gpus else "gloo"
 
 
 @dataclass(frozen=True)

@@ -95,8 +95,11 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
         return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}", "internal_error").response()
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "model": settings.model_name, **loop.stats()}
+    async def health() -> JSONResponse:
+        stats = loop.stats()
+        down = stats.get("failure")  # set when a worker of the distributed pair has died
+        return JSONResponse({"status": "unavailable" if down else "ok", "model": settings.model_name, **stats},
+                            status_code=HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK)
 
     @app.get("/v1/models")
     async def models(http: HTTPRequest) -> dict:

@@ -3,6 +3,7 @@
     python -m minikv serve --api-key alice=sk-alice --api-key bob=sk-bob --log gateway.jsonl
     python -m minikv serve --disagg --preset vulnerable ...    # the incident's configuration
     python -m minikv serve --disagg --preset safe --context-len 672 ...
+    python -m minikv serve --disagg --transport distributed ...  # prefill and decode in two worker processes
 
 uvicorn handles SIGINT and SIGTERM: it stops accepting connections, lets the requests in flight
 finish (up to a grace period), then the engine loop answers whatever is left and ends.
@@ -22,6 +23,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     parser.add_argument("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
+    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "distributed"],
+                        help="with --disagg: both nodes in this process (default), or each in its own worker process "
+                             "with the KV moved by torch.distributed")
     parser.add_argument("--preset", default="safe", choices=["vulnerable", "safe"], help="safety switches (default %(default)s)")
     parser.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     parser.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
@@ -43,6 +47,8 @@ def check_args(args: argparse.Namespace):
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")
+    if args.transport != "inprocess" and not args.disagg:
+        raise ValueError(f"--transport {args.transport} needs --disagg (the single engine has no transfer)")
     return parse_api_keys(args.api_key), SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
 
 
@@ -55,23 +61,28 @@ def build_server(args: argparse.Namespace, model, tokenizer):
 
     from minikv.checkpoint import default_model_dir
     from minikv.disagg.cluster import StartupRefused
+    from minikv.disagg.dist_cluster import WorkerStartError
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
 
     keys, switches = check_args(args)
-    try:
-        loop = EngineLoop(build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages), tokenizer)
-    except StartupRefused as e:
-        raise ValueError(f"startup_check refused to start: {e}") from None
     model_name = Path(args.model).name if args.model else default_model_dir().name
     try:
         gateway = GatewayLog(args.log)
     except OSError as e:
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
+    try:
+        backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
+                                args.model, args.device, args.threads)
+    except StartupRefused as e:
+        raise ValueError(f"startup_check refused to start: {e}") from None
+    except WorkerStartError as e:
+        raise ValueError(f"the distributed cluster did not start: {e}") from None
+    loop = EngineLoop(backend, tokenizer)
     on = [n for n, v in switches.as_dict().items() if v]
     lines = loop.startup_log() + [
-        f"serving {model_name} ({'prefill/decode cluster' if args.disagg else 'one engine'}) on http://{args.host}:{args.port}; "
+        f"serving {model_name} ({_topology(args)}) on http://{args.host}:{args.port}; "
         f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
@@ -80,6 +91,12 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
     return uvicorn.Server(config), lines
+
+
+def _topology(args: argparse.Namespace) -> str:
+    if not args.disagg:
+        return "one engine"
+    return "prefill/decode cluster" + (", two worker processes, KV over torch.distributed" if args.transport == "distributed" else "")
 
 
 def run_serve(args: argparse.Namespace, load) -> int:

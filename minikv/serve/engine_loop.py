@@ -6,9 +6,9 @@ batching across connections, as vLLM's engine core does). Handlers talk to the l
 through a `Ticket`: the loop submits it, streams its text back as tokens appear, and hands it
 its `Outcome` exactly once. This is the only module of the server that touches the engine.
 
-What the loop reads of the engine is its front door, the same on `Engine` and `Cluster`
-(`submit`, `cancel`, `step`, `has_work`, and `output_ids` to stream tokens before a request
-completes).
+What the loop reads of the engine is its front door, the same on `Engine`, `Cluster` and
+`DistCluster` (`submit`, `cancel`, `step`, `has_work`, `output_ids` to stream tokens before a
+request completes, and `close` when the loop ends).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
+from minikv.disagg.dist_cluster import DistCluster
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine import Engine
 from minikv.model import Llama
@@ -32,18 +33,26 @@ from minikv.request import Request
 from minikv.response import Response
 from minikv.tokenizer import decode
 
-Backend = Engine | Cluster
+Backend = Engine | Cluster | DistCluster
 IDLE_WAIT_S = 0.05  # how long the idle loop waits for a request before looking again
+TRANSPORTS = ("inprocess", "distributed")
 
 
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
-                  context_len: int | None, num_pages: int) -> Backend:
+                  context_len: int | None, num_pages: int, transport: str = "inprocess",
+                  model_dir: str | None = None, device: str | None = None, threads: int = 1) -> Backend:
     """The Engine, or the Cluster with its switches (StartupRefused if startup_check says no).
 
+    With `transport="distributed"` the cluster's nodes run in two worker processes (DistCluster),
+    each loading the model from `model_dir` onto `device` (default: two GPUs if present, else CPU).
     The event log is off: a server runs for days, and the notebooks' step-by-step record would grow
     without end. The ownership audit stays on: /health reports the cross-tenant reads it saw.
     """
+    assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
+    if disagg and transport == "distributed":
+        return DistCluster(tokenizer, ClusterConfig(event_log=False, **context), switches, model_dir=model_dir,
+                           devices=(device, device) if device else None, threads=threads)
     if disagg:
         return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
     return Engine(model, tokenizer, EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
@@ -161,6 +170,7 @@ class EngineLoop:
             kind, ticket = self._inbox.get_nowait()
             if kind == "submit":
                 ticket.post(_refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down"))
+        self.backend.close()  # the distributed cluster's workers stop here; nothing else holds processes
 
     def _drain(self, block: bool) -> None:
         try:
@@ -237,14 +247,14 @@ class EngineLoop:
 
     def _refresh_stats(self) -> None:
         b = self.backend
-        pools = {"single": b.pool} if isinstance(b, Engine) else {"prefill": b.prefill_pool, "decode": b.decode_pool}
-        audit_reads = (b.audit.cross_tenant_reads if b.audit is not None else 0) if isinstance(b, Engine) else b.cross_tenant_reads
-        stats = {
-            "pools": {name: {"free_pages": p.num_free_pages, "total_pages": p.num_pages} for name, p in pools.items()},
-            "live_requests": len(self._live),
-            "steps": self.steps,
-            "cross_tenant_reads": audit_reads,
-        }
+        if isinstance(b, DistCluster):  # the pools live in the workers: what they last reported
+            stats = b.health()
+        else:
+            pools = {"single": b.pool} if isinstance(b, Engine) else {"prefill": b.prefill_pool, "decode": b.decode_pool}
+            audit_reads = (b.audit.cross_tenant_reads if b.audit is not None else 0) if isinstance(b, Engine) else b.cross_tenant_reads
+            stats = {"pools": {name: {"free_pages": p.num_free_pages, "total_pages": p.num_pages} for name, p in pools.items()},
+                     "cross_tenant_reads": audit_reads}
+        stats |= {"live_requests": len(self._live), "steps": self.steps}
         with self._stats_lock:
             self._stats = stats
 

@@ -43,4 +43,6 @@ def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
         return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", first_word if first_word in REQUEST_FIELDS else None)
     if status == 499:
         return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
+    if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason, "unavailable")
     return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, reason or "the engine failed this request", "engine_error")

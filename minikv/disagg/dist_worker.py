@@ -101,6 +101,9 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         serve(rank, worker, inbox, outbox, parent_pid)
     except Exception as e:  # noqa: BLE001 - reported to the front door, which answers 503 from now on
         outbox.put(("error", rank, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def serve(rank: int, worker: NodeWorker, inbox, outbox, parent_pid: int) -> None:

@@ -186,3 +186,39 @@ def _never_advertised(rank: int, store: dist.Store, deadline: float, args: tuple
     while sender.poll() is not KVPoll.WaitingForInput:
         time.sleep(0.01)  # no deadline on purpose: only run_pair's timeout can end this
     return {}
+
+
+SLOW_LINK_S_PER_PAGE, TRANSFER_TIMEOUT_S = 1.0, 0.5  # the write takes 3 s on the link; the receiver waits 0.5 s
+
+
+def _timeout_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> dict:
+    """A slow link (3 s for the room) against a receiver that gives up after 0.5 s without progress."""
+    if rank == PREFILL_RANK:
+        pool, audit = make_pool(CONFIG, 8, PAGE)
+        manager = DistKVManager("sender", pool, audit, store, peer=1, link_s_per_page=SLOW_LINK_S_PER_PAGE)
+        manager.open_room(1, "req-1", "tenant-a", 1)
+        transfer_one_room(manager, 1, SRC_PAGES, deadline, Shipment(NUM_TOKENS, 42, None))
+        wait_for(lambda: (manager.land_due(), not manager.rooms)[1], deadline, "the room to drop")
+        return {}
+    pool, audit = make_pool(CONFIG, 8, PAGE)
+    manager = DistKVManager("receiver", pool, audit, store, peer=0, timeout_s=TRANSFER_TIMEOUT_S)
+    manager.open_room(1, "req-1", "tenant-a", 1)
+    receiver = KVReceiver(manager, 1)
+    receiver.send_metadata(pool.allocate(len(SRC_PAGES), "req-1"))
+    wait_for(lambda: (manager.land_due(), receiver.poll() is KVPoll.Transferring)[1], deadline, "the transfer to start")
+    started = time.monotonic()
+    wait_for(lambda: (manager.land_due(), receiver.poll() is not KVPoll.Transferring)[1], deadline, "the transfer to end")
+    out = {"state": receiver.poll(), "after_s": time.monotonic() - started, "reason": receiver.transfer.failure,
+           "settled_at_timeout": manager.settled_locally(1)}
+    wait_for(lambda: manager.settled(1), deadline, "the write to land after all")
+    out["late"] = [room for room, *_ in manager.landed_late]
+    receiver.close()
+    return out
+
+
+def test_a_stalled_transfer_times_out_into_a_failed_room():
+    """No progress for timeout_s: the room is Failed (not Transferring forever), and the write still lands later."""
+    _, decode = run_pair(_timeout_worker, (), TIMEOUT_S)
+    assert decode["state"] is KVPoll.Failed and "timed out" in decode["reason"]
+    assert TRANSFER_TIMEOUT_S <= decode["after_s"] < len(SRC_PAGES) * SLOW_LINK_S_PER_PAGE
+    assert decode["settled_at_timeout"] is False and decode["late"] == [1]

@@ -1,0 +1,148 @@
+"""`serve --disagg --transport distributed`: the prefill and decode workers as real processes behind the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from http import HTTPStatus
+
+import httpx
+import openai
+import pytest
+
+from minikv.probe.report import FAIL, PASS
+from minikv.serve.launch import ServerProcess, ServerThread
+from test_probe import KEY_A, KEY_B, KEYS, probe, verdicts
+
+MODEL = "tiny-llama"
+SAFE = ["--disagg", "--preset", "safe", "--context-len", "672", *KEYS]
+DISTRIBUTED = ["--transport", "distributed"]
+PROMPTS = [(KEY_A if i % 2 else KEY_B, f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4))
+           for i in range(20)]
+ANSWER_TIMEOUT_S = 20  # a request to a pair with a dead worker must be answered well within this
+
+
+def client(server, key: str = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0, timeout=60)
+
+
+def greedy_answers(server) -> list[tuple[str, int]]:
+    """Text and completion tokens of the 20 greedy requests, one after another."""
+    out = []
+    for key, prompt in PROMPTS:
+        r = client(server, key).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        out.append((r.choices[0].text, r.usage.completion_tokens))
+    return out
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (read from /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def worker_pids(server) -> dict[str, int]:
+    return {name: w["pid"] for name, w in server.health()["workers"].items()}
+
+
+@pytest.fixture(scope="module")
+def safe_server():
+    with ServerProcess([*SAFE, *DISTRIBUTED]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vulnerable_server():
+    with ServerProcess(["--disagg", "--preset", "vulnerable", *KEYS, *DISTRIBUTED]) as server:
+        yield server
+
+
+def test_startup_log_has_both_workers(safe_server):
+    """The server prints each worker's pool, pid and backend before it serves."""
+    out = safe_server.output()
+    assert "[prefill] KV pool: 42 pages" in out and "gloo rank 0" in out
+    assert "[decode] KV pool: 125 pages" in out and "gloo rank 1" in out
+    assert "two worker processes" in out
+
+
+def test_greedy_answers_equal_the_in_process_server(safe_server, tiny):
+    """20 greedy requests through the official client: the same text and usage as the in-process disaggregated server."""
+    model, tokenizer = tiny
+    with ServerThread(SAFE, model, tokenizer) as in_process:
+        expected = greedy_answers(in_process)
+    assert greedy_answers(safe_server) == expected
+    assert sum(tokens for _, tokens in expected) > len(PROMPTS)  # the answers are not all empty
+
+
+def test_probe_passes_the_safe_distributed_server(safe_server):
+    """Safe preset across processes: every probe check passes, as for the in-process server."""
+    status, report, _ = probe(safe_server.url)
+    assert status == 0 and set(verdicts(report).values()) == {PASS}
+
+
+def test_pools_whole_after_draining(safe_server):
+    """Once idle, both workers report every page free and no cross-tenant read."""
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while True:
+        health = safe_server.health()
+        whole = all(p["free_pages"] == p["total_pages"] > 0 for p in health["pools"].values())
+        if whole or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert whole, health["pools"]
+    assert health["live_requests"] == 0 and health["cross_tenant_reads"] == 0
+
+
+def test_probe_fails_the_vulnerable_distributed_server(vulnerable_server):
+    """Vulnerable preset across processes: over-length and canary fail, as for the in-process server."""
+    status, report, _ = probe(vulnerable_server.url)
+    v = verdicts(report)
+    assert status == 1 and v["over-length"] == FAIL and v["canary"] == FAIL
+    assert vulnerable_server.health()["cross_tenant_reads"] > 0  # the decode worker's audit saw it
+
+
+def test_shutdown_stops_both_workers(vulnerable_server):
+    """SIGTERM to the server: it exits 0 and neither worker process is left."""
+    pids = worker_pids(vulnerable_server)
+    assert all(running(pid) for pid in pids.values())
+    assert vulnerable_server.stop() == 0
+    assert not [name for name, pid in pids.items() if running(pid)]
+
+
+def test_a_killed_worker_gives_503_not_a_hang(safe_server):
+    """kill -9 of the decode worker mid-request: that request and the next get 503 promptly; /health says which died.
+
+    It kills a worker of the module's safe server, so it runs last in this file.
+    """
+    server = safe_server
+    pids = worker_pids(server)
+    outcome: list[BaseException | str] = []
+
+    def long_request() -> None:
+        try:
+            r = client(server).completions.create(model=MODEL, prompt="alice: la la la la la la la la", max_tokens=600)
+            outcome.append(r.choices[0].text)
+        except openai.APIStatusError as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=long_request, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while server.health()["live_requests"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(pids["decode"], signal.SIGKILL)
+    thread.join(ANSWER_TIMEOUT_S)
+    assert not thread.is_alive(), "the live request hung"
+    assert isinstance(outcome[0], openai.APIStatusError) and outcome[0].status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    with pytest.raises(openai.APIStatusError) as later:
+        client(server, KEY_B).completions.create(model=MODEL, prompt="bob: save pin 1234.\n", max_tokens=8)
+    assert later.value.status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    health = httpx.get(server.url + "/health", timeout=5)
+    assert health.status_code == HTTPStatus.SERVICE_UNAVAILABLE and "decode worker" in health.json()["failure"]
+    assert not running(pids["prefill"])  # the survivor is stopped: the pair is down
+    assert server.stop() == 0 and not running(pids["decode"])

@@ -11,10 +11,10 @@ from http import HTTPStatus
 import httpx
 import openai
 import pytest
+from test_probe import KEY_A, KEY_B, KEYS, probe, verdicts
 
 from minikv.probe.report import FAIL, PASS
 from minikv.serve.launch import ServerProcess, ServerThread
-from test_probe import KEY_A, KEY_B, KEYS, probe, verdicts
 
 MODEL = "tiny-llama"
 SAFE = ["--disagg", "--preset", "safe", "--context-len", "672", *KEYS]

@@ -36,7 +36,6 @@ from minikv.request import Request, Sequence
 from minikv.response import Response, Usage
 from minikv.tokenizer import decode
 
-
 POST_FIX_PREFILL_PAGES = 125  # about 2.04 million / 1,024 = 1,992 tokens, in whole pages of 16: 2,000
 
 
@@ -143,7 +142,7 @@ class Cluster(FrontDoor):
         self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free,
                                      prefix_caching=config.prefix_caching)
         self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
-        audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None  # noqa: E731
+        audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None
         self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
         for pool, pool_audit in ((self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit)):
             if pool_audit is not None:
@@ -224,7 +223,10 @@ class Cluster(FrontDoor):
         self.manager.land_due()
         self.clock.advance()
         for outcome in self.decode.take_outcomes():
-            self._answer(decode_response(self.tokenizer, outcome.seq, outcome.status, outcome.error))
+            self._answer(self._response(outcome.seq, outcome.status, outcome.error))
+
+    def _response(self, seq: Sequence, status: int, error: str | None) -> Response:
+        return decode_response(self.tokenizer, seq, status, error)
 
     # -- what the fuzzer checks ------------------------------------------------------------------
     def check_integrity(self) -> None:

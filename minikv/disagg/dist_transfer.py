@@ -225,7 +225,7 @@ class DistKVManager:
         self.store.set(_key(room, "shipment"), json.dumps(meta))
         ps, now, sent_pages = self.pool.page_size, time.monotonic(), 0
         for i, pages in enumerate(batches):
-            kv = self.pool.kv[:, :, pages].to(self.wire, copy=True)  # (L, 2, n, page, KVH, D) a snapshot of the source
+            kv = self.pool.kv[:, :, pages].to(self.wire)  # (L, 2, n, page, KVH, D) a snapshot of the source (indexing copies)
             slots = torch.tensor([p * ps + o for p in pages for o in range(ps)], device=self.pool.kv.device)
             ledger = self._ledger(slots).to(self.wire)  # (2, n * page) writer uid, token position
             sent_pages += len(pages)

@@ -22,6 +22,7 @@ DISTRIBUTED = ["--transport", "distributed"]
 PROMPTS = [(KEY_A if i % 2 else KEY_B, f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4))
            for i in range(20)]
 ANSWER_TIMEOUT_S = 20  # a request to a pair with a dead worker must be answered well within this
+COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # greedy goes on counting: hundreds of tokens without an end of text
 
 
 def client(server, key: str = KEY_A) -> openai.OpenAI:
@@ -79,6 +80,15 @@ def test_greedy_answers_equal_the_in_process_server(safe_server, tiny):
     assert sum(tokens for _, tokens in expected) > len(PROMPTS)  # the answers are not all empty
 
 
+def test_streamed_text_joins_to_the_whole(safe_server):
+    """Tokens streamed from the decode worker, joined, are the non-streamed answer."""
+    c = client(safe_server)
+    prompt = COUNTING
+    whole = c.completions.create(model=MODEL, prompt=prompt, max_tokens=40).choices[0].text
+    chunks = [ch.choices[0].text for ch in c.completions.create(model=MODEL, prompt=prompt, max_tokens=40, stream=True)]
+    assert len([ch for ch in chunks if ch]) > 1 and "".join(chunks) == whole
+
+
 def test_probe_passes_the_safe_distributed_server(safe_server):
     """Safe preset across processes: every probe check passes, as for the in-process server."""
     status, report, _ = probe(safe_server.url)
@@ -125,7 +135,7 @@ def test_a_killed_worker_gives_503_not_a_hang(safe_server):
 
     def long_request() -> None:
         try:
-            r = client(server).completions.create(model=MODEL, prompt="alice: la la la la la la la la", max_tokens=600)
+            r = client(server).completions.create(model=MODEL, prompt=COUNTING, max_tokens=600)
             outcome.append(r.choices[0].text)
         except openai.APIStatusError as e:
             outcome.append(e)

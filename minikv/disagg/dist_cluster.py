@@ -179,8 +179,8 @@ class DistCluster(FrontDoor):
                 self._progress.pop(seq.request_id, None)
                 self._in_flight.discard(seq.request_id)
                 self._answer(decode_response(self.tokenizer, seq, status, error))
-        elif kind == "progress" and message[1] in self._live:
-            self._progress[message[1]] = message[2]
+        elif kind == "tokens" and message[1] in self._live:
+            self._progress.setdefault(message[1], []).extend(message[2])
         elif kind == "in_flight" and message[1] in self._live:
             self._in_flight.add(message[1])
         elif kind == "report":

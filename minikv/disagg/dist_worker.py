@@ -10,7 +10,7 @@ builds its half with `dist_nodes.build_node_worker`, and then loops:
                   ("stop",)            shut down
     messages out  ("ready", rank, startup line)
                   ("in_flight", id)          prefill: the request's KV is posted (a cancel now races a late write)
-                  ("progress", id, ids)      decode: the tokens generated so far (what the server streams)
+                  ("tokens", id, ids)        decode: tokens generated since the last message (what the server streams)
                   ("outcome", seq, status, error)  decode: how the request left (seq without its generator)
                   ("report", rank, dict)     pool occupancy and audit, after every change
                   ("error", rank, text)      the worker failed and is exiting
@@ -154,9 +154,10 @@ def _take_commands(worker: NodeWorker, inbox, tick: int, block: bool) -> bool:
 def _send_decode_news(worker: NodeWorker, outbox, streamed: dict[str, int]) -> None:
     """Stream new tokens of running requests, then hand over how finished ones left."""
     for seq in worker.node.running:
-        if len(seq.output_ids) != streamed.get(seq.request_id, 0):
+        sent = streamed.get(seq.request_id, 0)
+        if len(seq.output_ids) > sent:
             streamed[seq.request_id] = len(seq.output_ids)
-            outbox.put(("progress", seq.request_id, list(seq.output_ids)))
+            outbox.put(("tokens", seq.request_id, seq.output_ids[sent:]))
     for outcome in worker.node.take_outcomes():
         streamed.pop(outcome.seq.request_id, None)
         outcome.seq.generator = None  # a torch.Generator does not pickle; the request is over

@@ -9,13 +9,14 @@ while he decodes over them; with it, her pages wait for the write and Dave's sta
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 from http import HTTPStatus
 
 import pytest
 
 from minikv.disagg.cluster import ClusterConfig
-from minikv.disagg.dist_cluster import DistCluster
+from minikv.disagg.dist_cluster import DistCluster, WorkerStartError
 from minikv.disagg.switches import SafetySwitches
 from minikv.request import Request
 from minikv.workload import document_sentence
@@ -86,3 +87,11 @@ def test_deferred_release_keeps_the_late_write_in_the_cancelled_requests_pages(w
     run = with_deferred_release
     assert [w["holders"] for w in run["late"]] == [[run["carol_id"]]]
     assert run["reads"] == 0 and run["held"] == 0
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error(tiny, tmp_path):
+    """A model directory the workers cannot load: WorkerStartError naming why, and no worker left running."""
+    with pytest.raises(WorkerStartError, match="worker failed to start") as refused:
+        DistCluster(tiny[1], CONFIG, SafetySwitches(), model_dir=str(tmp_path / "missing"))
+    assert "missing" in str(refused.value)
+    assert not multiprocessing.active_children()

@@ -88,17 +88,20 @@ class DistCluster(FrontDoor):
         lines: dict[int, str] = {}
         deadline = time.monotonic() + START_TIMEOUT_S
         while len(lines) < len(NAMES):
-            problem = self._dead_worker() or (None if time.monotonic() < deadline else "the workers did not start in time")
+            dead = self._dead_worker()  # read before the queue: what a dead worker said is in it by now
             try:
                 message = self._news.get(timeout=0.1)
             except queue.Empty:
                 message = None
+            problem = None
             if message is not None and message[0] == "ready":
                 lines[message[1]] = message[2]
             elif message is not None and message[0] == "error":
                 problem = f"the {NAMES[message[1]]} worker failed to start: {message[2].splitlines()[0]}"
             elif message is not None:
                 self._handle(message)
+            elif dead or time.monotonic() > deadline:
+                problem = dead or "the workers did not start in time"
             if problem:
                 self.close()
                 raise WorkerStartError(problem)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -61,6 +63,13 @@ def safe_server():
 def vulnerable_server():
     with ServerProcess(["--disagg", "--preset", "vulnerable", *KEYS, *DISTRIBUTED]) as server:
         yield server
+
+
+def test_transport_without_disagg_is_a_clear_error():
+    """`--transport distributed` needs the cluster: exit 2 with one line on stderr, before any model loads."""
+    r = subprocess.run([sys.executable, "-m", "minikv", "serve", "--transport", "distributed"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --transport distributed needs --disagg (the single engine has no transfer)"
 
 
 def test_startup_log_has_both_workers(safe_server):

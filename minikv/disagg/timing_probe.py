@@ -144,7 +144,7 @@ def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> 
 
 
 def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Random, flush_tokens: int,
-                  burst: int = 64, min_cycles: int = 4, max_cycles: int = 16, alpha: float = 0.01,
+                  burst: int = 64, min_cycles: int = 5, max_cycles: int = 24, alpha: float = 0.001,
                   ledger: TimingLedger | None = None, tenant: str = ATTACKER) -> Oracle:
     """An `Oracle` (as `cached_tokens_oracle`) answered from times to first token alone.
 
@@ -180,7 +180,8 @@ def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Rando
 
 
 def timing_attack(server: Server, secret: str, page_size: int, flush_tokens: int, alphabet: str = SECRET_ALPHABET,
-                  rng: random.Random | None = None, **plan: float) -> ProbeOutcome:
+                  rng: random.Random | None = None, ledger: TimingLedger | None = None,
+                  **plan: float) -> ProbeOutcome:
     """Alice saves `secret`, and her app sends the same prompt again at every cycle; mallory
     recovers it from times to first token alone (`plan`: timing_oracle's burst, cycles, alpha)."""
     victim = victim_saves(server, secret)
@@ -190,7 +191,7 @@ def timing_attack(server: Server, secret: str, page_size: int, flush_tokens: int
         server.submit(Request(prompt, VICTIM, max_tokens=1))
         server.run()
 
-    ledger, start = TimingLedger(), time.perf_counter()
+    ledger, start = ledger if ledger is not None else TimingLedger(), time.perf_counter()
     oracle = timing_oracle(server, refresh, rng or random.Random(0), flush_tokens, ledger=ledger, **plan)
     recovered, _ = recover_secret(oracle, page_size, alphabet=alphabet)
     return ProbeOutcome(victim, ledger.last, recovered, ledger.requests, time.perf_counter() - start, ledger.cycles)

@@ -77,9 +77,8 @@ class TimingLedger:
 
 
 def burst_prompts(prefix: str, burst: int) -> list[str]:
-    """`burst` probes that agree on `prefix` and differ in one last token."""
-    assert burst <= len(TAILS), f"at most {len(TAILS)} probes per burst"
-    return [prefix + tail for tail in TAILS[:burst]]
+    """`burst` probes that agree on `prefix` and end in one more token (65 different ones, then again)."""
+    return [prefix + TAILS[j % len(TAILS)] for j in range(burst)]
 
 
 def time_burst(server: Server, prompts: list[str], tenant: str = ATTACKER,
@@ -152,7 +151,7 @@ def timing_oracle(server: Server, refresh: Callable[[], None], rng: random.Rando
     the prefix cache's size in tokens. At most one answer is True: the guess the test accepted.
     """
     ledger = ledger if ledger is not None else TimingLedger()
-    assert 1 <= min_cycles <= max_cycles and 1 <= burst <= len(TAILS), "bad timing plan"
+    assert 1 <= min_cycles <= max_cycles and burst >= 1, "bad timing plan"
     looks = max_cycles - min_cycles + 1  # the test is run once per cycle from min_cycles on
 
     def ask(prompts: list[str], hit_at: int) -> list[bool]:

@@ -288,11 +288,11 @@ plt.tight_layout(); plt.show()
 # Each dot is one burst of 64 probes in one cycle. The right digit's bursts sit lower: on a hit its probes
 # skip one token each. Outliers are bursts another process delayed; ranks within the cycle absorb them.
 #
-# The cost is the point of the granularity argument: at 1-token pages each character costs (symbols + 1)
-# bursts per cycle, and 5 to 24 cycles, so a digit takes seconds here and a 66-symbol character many
-# times more; at 16-token pages a round would time symbols<sup>characters per page</sup> bursts per cycle
-# (10<sup>4</sup> for a 4-digit PIN on one page), too slow here, but not impossible in principle. With
-# `cache_salt` no guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
+# The cost is the granularity argument again: at 1-token pages each character costs (symbols + 1) bursts
+# per cycle, for 5 to 24 cycles, so a digit takes seconds here and a 66-symbol character about six times
+# more. At 4-token pages one round for a 4-digit PIN times 11,100 bursts per cycle (every PIN, plus the
+# shorter ones), minutes per cycle here: slow, not impossible. With `cache_salt` no guess is faster,
+# and the test says so: nothing recovered, no cross-tenant hit.
 
 # %%
 salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))

@@ -57,7 +57,7 @@ from minikv.workload import SECRET_ALPHABET
 
 DIGITS = "0123456789"
 ALPHABETS = {"full": SECRET_ALPHABET, "digits": DIGITS}  # what the attacker assumes the secret is made of
-TAILS = SECRET_ALPHABET  # one distinct last token per probe of a burst: up to 65
+TAILS = SECRET_ALPHABET  # the last token of a burst's probes, in turn: 65 different ones, then again
 
 
 @dataclass

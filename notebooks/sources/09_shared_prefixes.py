@@ -296,7 +296,7 @@ plt.tight_layout(); plt.show()
 
 # %%
 salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))
-nothing = timing_attack(salted_server, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, max_cycles=8)
+nothing = timing_attack(salted_server, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, max_cycles=6)
 torch.set_num_threads(threads)
 print(f"with cache_salt: recovered {nothing.recovered!r} after {nothing.cycles} cycles without a verdict; "
       f"cross-tenant cache hits: {salted_server.audit.cross_tenant_cache_hits}")

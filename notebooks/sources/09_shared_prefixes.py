@@ -211,6 +211,10 @@ print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses
 # hits both procedures alike.
 
 # %%
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # timing runs on one engine thread (until the salted run below): a busy laptop's
+#                           other processes then delay a step; they do not stall a team of threads
+
 def audit_p_value(cache_salt_on, samples=20):
     server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=16, cache_salt=cache_salt_on,
                                              audit=False, event_log=False))
@@ -256,11 +260,9 @@ print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss)
 #
 # The result is an oracle with the same signature as `cached_tokens_oracle`, so `recover_secret` runs
 # unchanged. A 3-digit PIN (the attacker assumes digits: 11 guesses a round, the 10 digits and the note's
-# `.`), on one engine thread:
+# `.`):
 
 # %%
-threads = torch.get_num_threads()
-torch.set_num_threads(1)  # the engine on one thread: another process delays a burst, it does not stall a team
 PIN = "507"
 stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
 ledger = TimingLedger()
@@ -279,9 +281,9 @@ for x, (guess, times) in enumerate(first.items()):
     ax.scatter([x] * len(times), [t * 1e3 for t in times], s=14, color="#cc3311" if guess == PIN[0] else "#777777")
 ax.set_xticks(range(len(first)), list(first))
 ax.set_ylim(top=2 * max(statistics.median(t) for t in first.values()) * 1e3)
-ax.set_xlabel("first-digit guess (red: the PIN's first digit)")
-ax.set_ylabel("burst time to first token (ms)")
-ax.set_title("Round 1: one burst per guess per cycle; the right guess is the fastest")
+ax.set_xlabel("guess for the PIN's first digit (red: the right one)")
+ax.set_ylabel("burst's median TTFT (ms)")
+ax.set_title("Round 1: each dot is one burst of 64 probes in one cycle")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]

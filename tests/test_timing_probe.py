@@ -124,6 +124,6 @@ def test_demo_rejects_an_oracle_or_alphabet_that_cannot_apply(capsys, args, mess
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0]
 
 
-def test_recover_secret_with_a_perfect_stopwatch_stops_at_no_hit():
+def test_recover_secret_stops_when_the_oracle_reports_no_hit():
     """The oracle contract: no True answer ends the attack with what was recovered so far."""
     assert recover_secret(lambda prompts, hit_at: [False] * len(prompts), 1, alphabet=DIGITS) == ("", 11)

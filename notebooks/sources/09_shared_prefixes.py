@@ -253,10 +253,10 @@ print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss)
 #   pool (cached pages are evicted least recently used first, her own probes with them). One cycle:
 #   flush, Alice's app re-sends, one burst per guess in a random order.
 # - **a rank test**: within each cycle the bursts are ranked, fastest first, so a cycle the machine ran
-#   slow, or a burst another process stalled, moves ranks and not the verdict. From 5 cycles on, the
-#   guess with the lowest rank sum is tested against chance (with no hit, every cycle ranks it anywhere
-#   with equal odds), with a Bonferroni correction over guesses and over each look. No verdict after 24
-#   cycles means *no hit*: the attack stops rather than guess.
+#   slow counts like any other, and a burst another process stalled costs a rank, not a scale. From 5
+#   cycles on, the guess with the lowest rank sum is tested against chance (with no hit, every cycle
+#   ranks it anywhere with equal odds), with a Bonferroni correction over guesses and over each look.
+#   No verdict after 24 cycles means *no hit*: the attack stops rather than guess.
 #
 # The result is an oracle with the same signature as `cached_tokens_oracle`, so `recover_secret` runs
 # unchanged. A 3-digit PIN (the attacker assumes digits: 11 guesses a round, the 10 digits and the note's

@@ -128,7 +128,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     model, tok = load(args.model, args.device)
     try:
-        result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed)
+        result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed,
+                              oracle=args.oracle, alphabet=args.alphabet)
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.json:
@@ -145,7 +146,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"{role:8s} {r.tenant:6s} HTTP {r.status}  prompt_tokens={r.usage.prompt_tokens:<4d} "
               f"cached_tokens={r.usage.cached_tokens:<4d} ttft={ttft:>9s}  {body}")
     if result.recovered is not None:
-        print(f"the attacker sent {result.probes} probes and recovered {result.recovered!r}")
+        how = (f"timed {result.cycles} flush-refresh-probe cycles" if result.oracle == "timing"
+               else "read usage.cached_tokens")
+        print(f"the attacker sent {result.probes} requests in {result.seconds:.1f} s ({how}) and recovered "
+              f"{result.recovered!r}")
     print(f"audit: {result.cross_tenant_reads} cross-tenant read(s) on decode pages {result.audit_pages()}, "
           f"{result.cross_tenant_cache_hits} cross-tenant cache hit(s)")
     audit = result.cluster.decode_audit if result.cluster else None
@@ -222,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
     p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")
+    p.add_argument("--oracle", choices=["cached", "timing"], default="cached",
+                   help="prefix-probe: the attacker reads usage.cached_tokens, or times to first token only")
+    p.add_argument("--alphabet", choices=["full", "digits"], default="full",
+                   help="prefix-probe: what the attacker assumes the secret is made of (digits: a PIN)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--model", help=argparse.SUPPRESS)

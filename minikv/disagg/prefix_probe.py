@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -113,21 +114,31 @@ def cached_tokens_oracle(server: Server, tenant: str = ATTACKER, seen: list[Resp
 
 @dataclass
 class ProbeOutcome:
-    """The victim's answer, what the attacker recovered and the probes it took."""
+    """The victim's answer, what the attacker recovered, the requests it took and how long."""
 
     victim: Response
     last_probe: Response | None
     recovered: str
-    probes: int
+    probes: int  # requests the attacker sent
+    seconds: float = 0.0  # the attack's wall time, the victim's first request excluded
+    cycles: int | None = None  # timing oracle only: flush-refresh-probe cycles
 
 
-def probe_attack(server: Server, secret: str, page_size: int) -> ProbeOutcome:
-    """Alice saves `secret`; then mallory probes the cache through `usage.cached_tokens`."""
+def victim_saves(server: Server, secret: str) -> Response:
+    """Alice saves `secret` (her first request): the note the attacker is after."""
     alice = server.submit(Request(victim_prompt(secret), VICTIM, 32, request_id="alice-1"))
     [victim] = [r for r in server.run() if r.request_id == alice]
+    return victim
+
+
+def probe_attack(server: Server, secret: str, page_size: int, alphabet: str = SECRET_ALPHABET) -> ProbeOutcome:
+    """Alice saves `secret`; then mallory probes the cache through `usage.cached_tokens`."""
+    victim = victim_saves(server, secret)
+    start = time.perf_counter()
     probes_answered: list[Response] = []
-    recovered, probes = recover_secret(cached_tokens_oracle(server, seen=probes_answered), page_size)
-    return ProbeOutcome(victim, probes_answered[-1] if probes_answered else None, recovered, probes)
+    recovered, probes = recover_secret(cached_tokens_oracle(server, seen=probes_answered), page_size, alphabet=alphabet)
+    return ProbeOutcome(victim, probes_answered[-1] if probes_answered else None, recovered, probes,
+                        time.perf_counter() - start)
 
 
 # -- timing: the audit of Gu et al. -------------------------------------------------------------

@@ -7,7 +7,8 @@ late-write   Carol sends a long prompt; its KV transfer is one big batch that ou
              decode node's timeout, so decode aborts her and frees her pages while the batch
              is still on the wire. Dave's request gets those pages; Carol's batch lands in them.
 prefix-probe Alice saves a key; Mallory recovers it character by character from the
-             `cached_tokens` her own probes report (prefix_probe.py), at 1-token pages.
+             `cached_tokens` her own probes report (prefix_probe.py), at 1-token pages, or
+             (`oracle="timing"`) from their times to first token alone (timing_probe.py).
 
 Nothing here touches the engine's internals: the scenarios only submit requests and step the
 clock. Which stale pages Bob or Dave receive is decided by the ordinary free list (most
@@ -24,13 +25,24 @@ from transformers import PreTrainedTokenizerBase
 from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
 from minikv.disagg.prefix_probe import PROBE_CONFIG, probe_attack
 from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.timing_probe import ALPHABETS, timing_attack
 from minikv.model import Llama
 from minikv.request import Request
 from minikv.response import Response
-from minikv.workload import Note, check_secret, document_sentence, long_document_prompt, make_prompt, note_prompt
+from minikv.workload import (
+    SECRET_ALPHABET,
+    Note,
+    check_secret,
+    document_sentence,
+    long_document_prompt,
+    make_prompt,
+    note_prompt,
+)
 
 SCENARIOS = ("over-length", "late-write", "prefix-probe")
+ORACLES = ("cached", "timing")  # how the prefix-probe attacker learns a hit: usage.cached_tokens, or the stopwatch
 DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4", "prefix-probe": "7Hq2Zp9Xw4"}
+DEFAULT_PIN = "4821"  # prefix-probe's secret when the attacker assumes digits
 BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
 MAX_TOKENS = 64
 
@@ -47,6 +59,9 @@ class ScenarioResult:
     cluster: Cluster | None = field(default=None, repr=False)
     recovered: str | None = None  # prefix-probe: what the attacker reconstructed
     probes: int | None = None  # prefix-probe: requests the attacker sent
+    oracle: str | None = None  # prefix-probe: "cached" or "timing"
+    seconds: float | None = None  # prefix-probe: the attack's wall time
+    cycles: int | None = None  # prefix-probe with the timing oracle: flush-refresh-probe cycles
 
     @property
     def cross_tenant_reads(self) -> int:
@@ -78,23 +93,44 @@ class ScenarioResult:
         }
         if self.recovered is not None:
             out["recovered"], out["probes"] = self.recovered, self.probes
+            out["oracle"], out["seconds"] = self.oracle, self.seconds
+            if self.cycles is not None:
+                out["cycles"] = self.cycles
         if self.refused:
             out["refused"] = self.refused
         return out
 
 
 def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches,
-                 secret: str | None = None, seed: int = 0, config: ClusterConfig | None = None) -> ScenarioResult:
-    """Play scenario `name` under `switches` (on the incident's pair, or PROBE_CONFIG for prefix-probe)."""
+                 secret: str | None = None, seed: int = 0, config: ClusterConfig | None = None,
+                 oracle: str = "cached", alphabet: str = "full") -> ScenarioResult:
+    """Play scenario `name` under `switches` (on the incident's pair, or PROBE_CONFIG for prefix-probe).
+
+    prefix-probe only: `oracle` (ORACLES) is what the attacker reads, `alphabet` (a key of
+    timing_probe.ALPHABETS) what she assumes the secret is made of."""
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}: choose from {', '.join(SCENARIOS)}")
-    secret = check_secret(secret if secret is not None else DEFAULT_SECRETS[name])
+    if oracle not in ORACLES:
+        raise ValueError(f"unknown oracle {oracle!r}: choose from {', '.join(ORACLES)}")
+    if alphabet not in ALPHABETS:
+        raise ValueError(f"unknown alphabet {alphabet!r}: choose from {', '.join(ALPHABETS)}")
+    if name != "prefix-probe" and (oracle, alphabet) != ("cached", "full"):
+        raise ValueError(f"oracle and alphabet are options of the prefix-probe scenario, not of {name}")
+    if secret is None:
+        secret = DEFAULT_SECRETS[name] if alphabet == "full" else DEFAULT_PIN
+    secret = check_secret(secret)
+    outside = sorted(set(secret) - set(ALPHABETS[alphabet]))
+    if outside:
+        raise ValueError(f"the secret has characters outside the {alphabet} alphabet: {outside}; "
+                         "give a secret made of it, or another alphabet")
     config = config or (PROBE_CONFIG if name == "prefix-probe" else ClusterConfig())
     try:
         cluster = Cluster(model, tokenizer, config, switches)
     except StartupRefused as e:
         return ScenarioResult(name, switches, None, None, refused=str(e))
-    play = {"over-length": over_length, "late-write": late_write, "prefix-probe": prefix_probe}[name]
+    if name == "prefix-probe":
+        return prefix_probe(cluster, switches, secret, random.Random(seed), oracle, ALPHABETS[alphabet])
+    play = {"over-length": over_length, "late-write": late_write}[name]
     return play(cluster, switches, secret, random.Random(seed))
 
 
@@ -127,8 +163,18 @@ def late_write(cluster: Cluster, switches: SafetySwitches, secret: str, rng: ran
     return ScenarioResult("late-write", switches, carol[0], dave, cluster=cluster)
 
 
-def prefix_probe(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random) -> ScenarioResult:
-    """Alice saves a key; Mallory probes the prefill node's prefix cache (prefix_probe.py)."""
-    out = probe_attack(cluster, secret, cluster.config.page_size)
+FLUSH_MARGIN = 1.1  # the timing attacker's filler: 10% more tokens than the prefill pool holds
+
+
+def prefix_probe(cluster: Cluster, switches: SafetySwitches, secret: str, rng: random.Random,
+                 oracle: str = "cached", alphabet: str = SECRET_ALPHABET) -> ScenarioResult:
+    """Alice saves a key; Mallory probes the prefill node's prefix cache (prefix_probe.py, timing_probe.py)."""
+    page_size = cluster.config.page_size
+    if oracle == "timing":
+        flush = int(cluster.config.prefill_tokens * FLUSH_MARGIN)
+        out = timing_attack(cluster, secret, page_size, flush, alphabet, rng)
+    else:
+        out = probe_attack(cluster, secret, page_size, alphabet)
     return ScenarioResult("prefix-probe", switches, out.victim, out.last_probe, cluster=cluster,
-                          recovered=out.recovered, probes=out.probes)
+                          recovered=out.recovered, probes=out.probes, oracle=oracle, seconds=out.seconds,
+                          cycles=out.cycles)

@@ -16,7 +16,9 @@
 
 # %%
 import random
+import statistics
 
+import matplotlib.pyplot as plt
 import torch
 from scipy.stats import ks_2samp, mannwhitneyu
 
@@ -27,6 +29,7 @@ from minikv.disagg.prefix_probe import (KNOWN_PREFIX, cached_tokens_oracle, page
                                         timing_audit, victim_prompt)
 from minikv.disagg.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.timing_probe import DIGITS, TimingLedger, timing_attack
 from minikv.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
@@ -208,6 +211,10 @@ print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses
 # hits both procedures alike.
 
 # %%
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # timing runs on one engine thread (until the salted run below): a busy laptop's
+#                           other processes then delay a step; they do not stall a team of threads
+
 def audit_p_value(cache_salt_on, samples=20):
     server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=16, cache_salt=cache_salt_on,
                                              audit=False, event_log=False))
@@ -228,12 +235,78 @@ print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss)
 
 # %% [markdown]
 # The audit decides *whether* the cache is shared, with many samples. Turning it into a
-# character-by-character attack is harder than with `cached_tokens`: each guess can be timed only once,
-# because the probe caches its own guess (a second probe of a wrong guess would hit Mallory's own page),
-# and one 1-token hit saves one token of prefill, far below this machine's noise. The signal per guess is
-# one *page*: larger pages make each hit easier to time and each guess more expensive. On a GPU serving a
-# large model, Song et al. ("The Early Bird Catches the Leak", arXiv 2409.20002) and Wu et al.
-# (PromptPeek, NDSS 2025) recovered prompts token by token from timing and scheduling order.
+# character-by-character attack is harder than with `cached_tokens`: one 1-token hit saves one token of
+# prefill, far below this machine's noise, and each guess can be timed only once, because the probe
+# caches its own guess (a second probe of a wrong guess would hit Mallory's own page).
+#
+# ### The same attack with a stopwatch only
+#
+# Three changes make it work here, each in `minikv/disagg/timing_probe.py`:
+#
+# - **a burst** per guess: 64 probes `alice: save key <guess><x>`, with 64 different last tokens `x`, sent
+#   at once. They are prefilled in one step, so none hits another's pages: on a hit each computes 1 token,
+#   on a miss 2; the burst saves 64 tokens of compute, a few milliseconds. Its time is the median of the
+#   64 times to first token, as the client sees them.
+# - **cycles** for fresh samples. *Our model of the victim and the attacker* (not a fact about any
+#   service): Alice's application re-sends the same prompt again and again (a system prompt, a saved
+#   note), and Mallory can flush the cache she shares with it, by sending random filler longer than the
+#   pool (cached pages are evicted least recently used first, her own probes with them). One cycle:
+#   flush, Alice's app re-sends, one burst per guess in a random order.
+# - **a rank test**: within each cycle the bursts are ranked, fastest first, so a cycle the machine ran
+#   slow counts like any other, and a burst another process stalled costs a rank, not a scale. From 5
+#   cycles on, the guess with the lowest rank sum is tested against chance (with no hit, every cycle
+#   ranks it anywhere with equal odds), with a Bonferroni correction over guesses and over each look.
+#   No verdict after 24 cycles means *no hit*: the attack stops rather than guess.
+#
+# The result is an oracle with the same signature as `cached_tokens_oracle`, so `recover_secret` runs
+# unchanged. A 3-digit PIN (the attacker assumes digits: 11 guesses a round, the 10 digits and the note's
+# `.`):
+
+# %%
+PIN = "507"
+stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
+ledger = TimingLedger()
+timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger)
+print(f"recovered {timed.recovered!r} from times to first token alone")
+assert timed.recovered == PIN
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured: it varies with the machine's load)
+print(f"{timed.seconds:.1f} s, {timed.cycles} cycles for {len(PIN) + 1} rounds, {timed.probes:,} requests "
+      f"({ledger.probes:,} probes in bursts of 64, {ledger.filler} filler, {ledger.warmups} warm-ups)")
+first = ledger.rounds[0]
+fig, ax = plt.subplots(figsize=(6.5, 2.6))
+for x, (guess, times) in enumerate(first.items()):
+    ax.scatter([x] * len(times), [t * 1e3 for t in times], s=14, color="#cc3311" if guess == PIN[0] else "#777777")
+ax.set_xticks(range(len(first)), list(first))
+ax.set_ylim(top=2 * max(statistics.median(t) for t in first.values()) * 1e3)
+ax.set_xlabel("guess for the PIN's first digit (red: the right one)")
+ax.set_ylabel("burst's median TTFT (ms)")
+ax.set_title("Round 1: each dot is one burst of 64 probes in one cycle")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Each dot is one burst of 64 probes in one cycle. The right digit's bursts sit lower: on a hit its probes
+# skip one token each. Outliers are bursts another process delayed; ranks within the cycle absorb them.
+#
+# The cost is the granularity argument again: at 1-token pages each character costs (symbols + 1) bursts
+# per cycle, for 5 to 24 cycles, so a digit takes seconds here and a 66-symbol character about six times
+# more. At 4-token pages one round for a 4-digit PIN times 11,100 bursts per cycle (every PIN, plus the
+# shorter ones), minutes per cycle here: slow, not impossible. With `cache_salt` no guess is faster,
+# and the test says so: nothing recovered, no cross-tenant hit.
+
+# %%
+salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))
+nothing = timing_attack(salted_server, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, max_cycles=6)
+torch.set_num_threads(threads)
+print(f"with cache_salt: recovered {nothing.recovered!r} after {nothing.cycles} cycles without a verdict; "
+      f"cross-tenant cache hits: {salted_server.audit.cross_tenant_cache_hits}")
+assert nothing.recovered == "" and salted_server.audit.cross_tenant_cache_hits == 0
+
+# %% [markdown]
+# On a GPU serving a large model, Song et al. ("The Early Bird Catches the Leak", arXiv 2409.20002) and Wu
+# et al. (PromptPeek, NDSS 2025) recovered prompts token by token from timing and scheduling order.
 #
 # ## The fix: `cache_salt`
 #

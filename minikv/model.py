@@ -119,14 +119,21 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(h, (config.num_heads + 2 * config.num_kv_heads) * d, bias=False)  # q | k | v rows
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
 
-    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend) -> Tensor:
+    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend,
+                rows: Tensor | None = None) -> Tensor:
+        """Attention output of every token, or with `rows` (M,) only of those (keys and values of all are kept)."""
         lead = x.shape[:-1]  # (N,) for a flat batch of tokens, (B, T) for dense
         H, KVH = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(*lead, H + 2 * KVH, self.head_dim)  # (..., H + 2 KVH, D)
-        qk = Rotary.rotate(qkv[..., : H + KVH, :], cos_sin)  # queries and keys rotated together
-        q, k, v = qk[..., :H, :], qk[..., H:, :], qkv[..., H + KVH :, :]  # (..., H|KVH|KVH, D)
-        out = kv.attend(self.layer, q, k, v)  # (..., H, D); keys are cached *after* RoPE
-        return self.o_proj(out.reshape(*lead, H * self.head_dim))
+        v = qkv[..., H + KVH :, :]  # (..., KVH, D)
+        if rows is None:
+            qk = Rotary.rotate(qkv[..., : H + KVH, :], cos_sin)  # queries and keys rotated together
+            out = kv.attend(self.layer, qk[..., :H, :], qk[..., H:, :], v)  # (..., H, D); keys cached *after* RoPE
+        else:  # every token's key and value, only the kept rows' queries
+            k = Rotary.rotate(qkv[:, H : H + KVH], cos_sin)  # (N, KVH, D)
+            q = Rotary.rotate(qkv[rows, :H], (cos_sin[0][rows], cos_sin[1][rows]))  # (M, H, D)
+            out = kv.attend_last(self.layer, q, k, v)  # (M, H, D)
+        return self.o_proj(out.reshape(*out.shape[:-2], H * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -153,8 +160,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv)
+    def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend,
+                rows: Tensor | None = None) -> Tensor:
+        """Every token's output, or with `rows` (M,) only those tokens' (every token's K/V is still stored)."""
+        attn = self.self_attn(self.input_layernorm(x), cos_sin, kv, rows)
+        x = (x if rows is None else x[rows]) + attn
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -187,17 +197,24 @@ class Llama(nn.Module):
             kv: where K/V are written and read (attention.py).
             logits_index: optional (M,) indices of the tokens whose logits are needed (the
                 last token of each request), to skip the vocabulary projection for the rest.
+                When it is the backend's own `last_rows` (PagedStep's: each request's last
+                new token), the last layer also skips the rest: it stores every token's K/V but
+                computes queries, attention, o_proj and the MLP only for those rows, since no
+                other row's output there is ever read (`attend_last`). Any other tensor takes the
+                full path; tests/test_model.py checks that both give the same logits.
         Returns:
             logits (..., vocab_size) in float32.
         """
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")
+        last_only = logits_index is not None and logits_index is getattr(kv, "last_rows", None)
         x = self.embed_tokens(input_ids)  # (..., hidden)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)  # (..., 1, D) each
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             x = layer(x, cos_sin, kv)
+        x = self.layers[-1](x, cos_sin, kv, logits_index if last_only else None)  # (M, hidden) when last_only
         x = self.norm(x)
-        if logits_index is not None:
+        if logits_index is not None and not last_only:
             x = x[logits_index]  # (M, hidden)
         return self.lm_head(x).float()
 

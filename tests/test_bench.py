@@ -182,6 +182,26 @@ def test_forward_flops_equal_torch_flop_counter():
     assert counter.get_total_flops() == forward_flops(cfg, rows, rows * context, rows)
 
 
+def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows():
+    """With last_keys, forward_flops counts what FlopCounterMode counts when the last layer runs each request's last row."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from minikv.bench.roofline import forward_flops
+    from minikv.page_pool import PagePool
+    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
+
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)  # one layer: it is the last
+    model, lens = Llama(cfg).eval(), [4 * (1 + i % 5) for i in range(CPU_TILES_MIN_BATCH)]  # whole pages: tiles count exactly
+    pool = PagePool(cfg, sum(lens) // 4, page_size=4)
+    slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), 0, n) for i, n in enumerate(lens)]  # prompts
+    step = PagedStep(pool, slices)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(sum(lens), dtype=torch.long), step.positions, step, logits_index=step.last_rows)
+    assert counter.get_total_flops() == forward_flops(cfg, sum(lens), 0, len(lens), last_keys=sum(lens))
+    assert counter.get_total_flops() < forward_flops(cfg, sum(lens), sum(n * (n + 1) // 2 for n in lens), len(lens))
+
+
 def test_json_roofline_has_the_issue_keys(tiny_random):
     """roofline in --json: decode_fraction, prefill_fraction, matmul_gflops, positive numbers."""
     model, tok = tiny_random

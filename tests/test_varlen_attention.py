@@ -137,3 +137,20 @@ def test_slot_mapping_tensor_equals_python_slots():
     step = PagedStep(pool, seqs)
     assert step.slot_mapping.tolist() == [x for s in seqs for x in pool.slots(s.block_table, s.start, s.end)]
     assert step.positions.tolist() == [p for s in seqs for p in range(s.start, s.end)]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "mixed", "decode"])
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+@pytest.mark.parametrize("num_seqs", [3, CPU_TILES_MIN_BATCH], ids=["per-request", "tiles"])
+def test_attend_last_equals_the_last_rows_of_attend(phase, config, num_seqs):
+    """attend_last (each request's last query only) gives attend's output at last_rows and writes the same K/V."""
+    for seed in range(3):
+        full, last, _ = three_pools(config, 4, seed)
+        seqs = random_batch(40 + seed, phase, 4, num_seqs=num_seqs)
+        q, k, v = qkv(config, seqs)
+        want = PagedStep(full, seqs).attend(1, q, k, v)
+        step = PagedStep(last, seqs)
+        got = step.attend_last(1, q[step.last_rows], k, v)
+        assert step.last_rows.tolist() == [sum(s.num_new for s in seqs[: b + 1]) - 1 for b in range(len(seqs))]
+        assert torch.allclose(got, want[step.last_rows], atol=1e-5), (seed, (got - want[step.last_rows]).abs().max())
+        assert torch.equal(full.kv, last.kv)

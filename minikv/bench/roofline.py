@@ -55,8 +55,8 @@ def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_
     query over a context of S tokens is S pairs; a causal prompt of T tokens is T(T+1)/2).
     `last_keys`: when the last layer runs only the `num_logits` kept rows (Llama.forward with the
     backend's `last_rows`), the pairs its attention computes (each request's context length);
-    that layer then projects K and V for every token but does the rest for the kept rows only.
-    None: every layer runs every token.
+    that layer then runs its fused qkv projection for every token (K and V are kept) and the
+    rest for the kept rows only. None: every layer runs every token.
     """
     h, d = config.hidden_size, config.head_dim
     qkv, o = h * (config.num_heads + 2 * config.num_kv_heads) * d, config.num_heads * d * h
@@ -70,8 +70,7 @@ def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_
         layers = config.num_layers * (num_tokens * per_token_linear + attention(attended_keys))
     else:
         layers = (config.num_layers - 1) * (num_tokens * per_token_linear + attention(attended_keys)) \
-            + num_tokens * h * 2 * config.num_kv_heads * d + num_logits * (h * config.num_heads * d + o + mlp) \
-            + attention(last_keys)
+            + num_tokens * qkv + num_logits * (o + mlp) + attention(last_keys)
     return 2 * (layers + num_logits * h * config.vocab_size)
 
 

@@ -18,7 +18,12 @@ from torch import Tensor
 
 
 class AttentionBackend(Protocol):
-    """Where one forward pass keeps and reads its keys and values."""
+    """Where one forward pass keeps and reads its keys and values.
+
+    A backend may also offer `last_rows` (M,) and `attend_last(layer, q, k, v)`: store every new
+    token's K/V, attend only the queries of those rows. Llama.forward uses it for its last layer
+    when it is asked for the logits of exactly `last_rows` (PagedStep offers it).
+    """
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Store this step's new `k`, `v` for `layer`, then attend `q` over the visible cache.

@@ -10,7 +10,8 @@ Three ways to do that read, each checked against the others in the tests:
 - tiles: one `tiled_attention` call per layer for the whole batch (varlen_attention.py),
   reading keys page by page, nothing padded to the longest request;
 - per request: each request's context gathered with `index_select` and attended with SDPA
-  (`gather_attention`); `paged_attention_gather` is this path with Python-built slot lists;
+  (`gather_attention`; a whole prompt takes SDPA's causal case, with no mask to read);
+  `paged_attention_gather` is this path with Python-built slot lists;
 - `paged_attention_reference`: slot by slot in Python, the obviously correct version.
 
 `PagedStep` uses the tiles on a GPU for every step, where a loop over requests is a loop of kernel
@@ -19,6 +20,10 @@ goes request by request otherwise: a prefill brings tens to hundreds of queries 
 one fused SDPA call per request costs less than the tiles' separate matmul, mask and softmax
 passes, and a small batch costs less than the ~30 operations that plan the tiles (both measured
 in README.md's benchmark section).
+
+The last layer of a forward needs only each request's last token's output (the one whose
+logits are sampled), so `attend_last` stores every new token's K/V but attends only those
+queries: a decode-shaped read, whatever the phase (Llama.forward decides when).
 """
 
 from __future__ import annotations

@@ -163,9 +163,18 @@ def test_settings_refuse_a_run_with_nothing_to_time():
     assert quick.time_checked_run and quick.timed_runs == 1 and quick.num_requests == 32
 
 
-def test_forward_flops_equal_torch_flop_counter():
+def values_as_matmul(monkeypatch) -> None:
+    """FlopCounterMode counts matmuls, not embedding_bag: take the gathered product, the same FLOPs, in its place."""
+    from minikv import varlen_attention
+
+    monkeypatch.setattr(varlen_attention, "weighted_values", varlen_attention.weighted_values_reference)
+
+
+def test_forward_flops_equal_torch_flop_counter(monkeypatch):
     """forward_flops counts what torch's FlopCounterMode counts in a tiled paged decode step (contexts of whole pages)."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    values_as_matmul(monkeypatch)
 
     from minikv.bench.roofline import forward_flops
     from minikv.page_pool import PagePool
@@ -182,9 +191,11 @@ def test_forward_flops_equal_torch_flop_counter():
     assert counter.get_total_flops() == forward_flops(cfg, rows, rows * context, rows)
 
 
-def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows():
+def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows(monkeypatch):
     """With last_keys, forward_flops counts what FlopCounterMode counts when the last layer runs each request's last row."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    values_as_matmul(monkeypatch)
 
     from minikv.bench.roofline import forward_flops
     from minikv.page_pool import PagePool

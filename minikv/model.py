@@ -16,6 +16,7 @@ Three things differ from the usual one-file GPT, all on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -98,7 +99,23 @@ class Rotary(nn.Module):
 
     @staticmethod
     def rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
-        """x (..., heads, D) rotated by the angles of its positions."""
+        """x (..., heads, D) rotated by the angles of its positions: the bits of `rotate_reference`.
+
+        One new tensor instead of four (rotate_half's negation and concatenation, two products):
+        x * cos, then each half takes its product with the other half in place. x1 cos - x2 sin is
+        x1 cos + (-x2) sin exactly, so nothing rounds differently (tests/test_model.py); a prefill
+        of the benchmark's 32 prompts takes 7% less CPU time (README's benchmark section).
+        """
+        cos, sin = cos_sin
+        half = x.shape[-1] // 2
+        out = x * cos  # (..., heads, D)
+        out[..., :half].sub_(x[..., half:] * sin[..., :half])  # x1 cos - x2 sin
+        out[..., half:].add_(x[..., :half] * sin[..., half:])  # x2 cos + x1 sin
+        return out
+
+    @staticmethod
+    def rotate_reference(x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
+        """transformers' apply_rotary_pos_emb for one tensor: x * cos + rotate_half(x) * sin."""
         cos, sin = cos_sin
         return x * cos + rotate_half(x) * sin
 
@@ -150,6 +167,27 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+ROW_BLOCK = 512  # rows at a time for row-wise work on a CPU: a block's (512, 2 x 512) gate/up activations fit a core's L2
+
+
+def by_row_blocks(fn: Callable[[Tensor], Tensor], x: Tensor, block: int = ROW_BLOCK) -> Tensor:
+    """fn(x) for a row-wise `fn` (each output row depends on its input row alone), `block` rows at a time.
+
+    The same bits as fn(x) (tests/test_model.py), with less memory traffic: in a prefill of 2,852
+    tokens the MLP's gate/up activations are 11 MiB, more than a core's 2 MiB L2, so each of its
+    elementwise passes goes out to L3; in blocks of 512 rows they stay in L2 (one layer's MLP:
+    26.6 ms whole, 16.1 ms in blocks, on the README's CPU). Only on a CPU, with no gradient being
+    recorded: a GPU gains nothing from it and autograd would not see the writes into `out`.
+    """
+    rows = x.reshape(-1, x.shape[-1])  # (N, hidden)
+    if torch.is_grad_enabled() or x.device.type != "cpu" or rows.shape[0] <= block:
+        return fn(x)
+    out = torch.empty_like(rows)
+    for start in range(0, rows.shape[0], block):
+        out[start : start + block] = fn(rows[start : start + block])
+    return out.view(x.shape)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
@@ -165,6 +203,10 @@ class DecoderLayer(nn.Module):
         """Every token's output, or with `rows` (M,) only those tokens' (every token's K/V is still stored)."""
         attn = self.self_attn(self.input_layernorm(x), cos_sin, kv, rows)
         x = (x if rows is None else x[rows]) + attn
+        return by_row_blocks(self.residual_mlp, x)
+
+    def residual_mlp(self, x: Tensor) -> Tensor:
+        """x + mlp(norm(x)): row by row, so it can run in row blocks."""
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -147,3 +147,26 @@ def test_last_layer_on_kept_rows_only_gives_the_full_forward_logits(num_seqs):
     assert logits[0].shape == (num_seqs, 53)
     assert torch.allclose(logits[0], logits[1], atol=1e-5), (logits[0] - logits[1]).abs().max()
     assert torch.equal(pools[0].kv, pools[1].kv)
+
+
+def test_rotary_rotate_has_the_bits_of_the_reference():
+    """Rotary.rotate (in-place halves) equals transformers' x*cos + rotate_half(x)*sin bit for bit."""
+    from minikv.model import Rotary
+
+    rotary = Rotary(48, 10000.0)
+    positions = torch.arange(300)
+    x = torch.randn(300, 12, 48)[:, :8]  # a strided slice, as qkv's query and key heads are
+    cos_sin = rotary.cos_sin(positions, torch.float32)
+    assert torch.equal(Rotary.rotate(x, cos_sin), Rotary.rotate_reference(x, cos_sin))
+
+
+def test_row_blocks_give_the_bits_of_one_call():
+    """by_row_blocks (the MLP 512 rows at a time, inference on a CPU) equals one call over all rows bit for bit."""
+    from minikv.model import by_row_blocks
+
+    ours, _ = random_pair(5, **RANDOM_CONFIGS[0])
+    layer = ours.layers[0]
+    x = torch.randn(1300, ours.config.hidden_size)
+    with torch.inference_mode():
+        assert torch.equal(by_row_blocks(layer.residual_mlp, x, block=512), layer.residual_mlp(x))
+        assert torch.equal(by_row_blocks(layer.residual_mlp, x[None], block=100)[0], layer.residual_mlp(x))

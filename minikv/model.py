@@ -83,6 +83,9 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat([-x2, x1], dim=-1)
 
 
+ROTATE_IN_PLACE_MIN = 2**15  # numbers from which rotating in place wins (measured: between 32 and 128 rows of 8 x 48)
+
+
 class Rotary(nn.Module):
     """RoPE: rotate each query/key pair of dimensions by an angle proportional to position."""
 
@@ -104,8 +107,11 @@ class Rotary(nn.Module):
         One new tensor instead of four (rotate_half's negation and concatenation, two products):
         x * cos, then each half takes its product with the other half in place. x1 cos - x2 sin is
         x1 cos + (-x2) sin exactly, so nothing rounds differently (tests/test_model.py); a prefill
-        of the benchmark's 32 prompts takes 7% less CPU time (README's benchmark section).
+        of the benchmark's 32 prompts takes 7% less CPU time (README's benchmark section). Small
+        tensors (a decode step) take the reference, whose fewer operations cost less there.
         """
+        if x.numel() < ROTATE_IN_PLACE_MIN:  # a decode step's few rows: fewer operations win
+            return Rotary.rotate_reference(x, cos_sin)
         cos, sin = cos_sin
         half = x.shape[-1] // 2
         out = x * cos  # (..., heads, D)
@@ -179,9 +185,9 @@ def by_row_blocks(fn: Callable[[Tensor], Tensor], x: Tensor, block: int = ROW_BL
     26.6 ms whole, 16.1 ms in blocks, on the README's CPU). Only on a CPU, with no gradient being
     recorded: a GPU gains nothing from it and autograd would not see the writes into `out`.
     """
+    if x.numel() <= block * x.shape[-1] or torch.is_grad_enabled() or x.device.type != "cpu":
+        return fn(x)  # a decode step's few rows come here first, at the cost of one comparison
     rows = x.reshape(-1, x.shape[-1])  # (N, hidden)
-    if torch.is_grad_enabled() or x.device.type != "cpu" or rows.shape[0] <= block:
-        return fn(x)
     out = torch.empty_like(rows)
     for start in range(0, rows.shape[0], block):
         out[start : start + block] = fn(rows[start : start + block])
@@ -252,9 +258,9 @@ class Llama(nn.Module):
         last_only = logits_index is not None and logits_index is getattr(kv, "last_rows", None)
         x = self.embed_tokens(input_ids)  # (..., hidden)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)  # (..., 1, D) each
-        for layer in self.layers[:-1]:
-            x = layer(x, cos_sin, kv)
-        x = self.layers[-1](x, cos_sin, kv, logits_index if last_only else None)  # (M, hidden) when last_only
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):  # the last one on the kept rows alone when last_only: (M, hidden)
+            x = layer(x, cos_sin, kv, logits_index if last_only and i == last else None)
         x = self.norm(x)
         if logits_index is not None and not last_only:
             x = x[logits_index]  # (M, hidden)

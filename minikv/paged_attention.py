@@ -86,6 +86,8 @@ class PagedStep:
         tiles = device.type != "cpu" or (self.decode and len(seqs) >= CPU_TILES_MIN_BATCH)
         self.plan: TilePlan | None = None
         self.context_slots: list[Tensor] = []  # request by request only
+        self.query_starts = [s.start for s in seqs]  # each request's first query position, for gather_attention
+        self.context_ends = [s.end for s in seqs]
         if tiles:
             self.plan = tile_plan(self.block_tables, starts, num_new, ps, pool.kv.shape[-2],
                                   block_q=1 if self.decode else TILE_KEYS,
@@ -102,20 +104,23 @@ class PagedStep:
             self.uids = torch.tensor([s.uid for s in seqs], device=device)  # (B,)
             self.writer_uids = self.uids[seq_ids]  # (N,)
 
-    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
-        """Scatter this step's new K/V (N, KVH, D) into their slots; on layer 0, tell the audit."""
+    def store(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Scatter this step's new K/V (N, KVH, D) into their slots; on layer 0, tell the audit.
+
+        Returns the layer's K and V caches as (num_slots, KVH, D) views of the pool.
+        """
         k_cache, v_cache = self.pool.flat(layer)  # (num_slots, KVH, D) views of the pool
         k_cache.index_copy_(0, self.slot_mapping, k)  # one row per new token; no slot twice
         v_cache.index_copy_(0, self.slot_mapping, v)
         if layer == 0 and self.audit is not None:  # one ledger entry per slot, not per layer
             self.audit.record_writes(self.slot_mapping, self.writer_uids, self.positions)
             self.findings += self.audit.check_reads(self.uids, self.gather, self.key_valid)
+        return k_cache, v_cache
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        self.store(layer, k, v)
+        k_cache, v_cache = self.store(layer, k, v)
         if self.plan is None:
-            k_cache, v_cache = self.pool.flat(layer)
-            return gather_attention(q, k_cache, v_cache, self.context_slots, [s.start for s in self.seqs])
+            return gather_attention(q, k_cache, v_cache, self.context_slots, self.query_starts)
         return tiled_attention(q, self.pool.kv[layer], self.plan)  # (N, H, D)
 
     def attend_last(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -128,10 +133,9 @@ class PagedStep:
         assert q.shape[0] == len(self.seqs), f"{q.shape[0]} queries for {len(self.seqs)} requests"
         if self.decode:
             return self.attend(layer, q, k, v)
-        self.store(layer, k, v)
+        k_cache, v_cache = self.store(layer, k, v)
         if not self.last_tiles:
-            k_cache, v_cache = self.pool.flat(layer)
-            return gather_attention(q, k_cache, v_cache, self.context_slots, [s.end - 1 for s in self.seqs])
+            return gather_attention(q, k_cache, v_cache, self.context_slots, [end - 1 for end in self.context_ends])
         if self._last_plan is None:
             self._last_plan = tile_plan(self.block_tables, self.ends - 1, torch.ones_like(self.num_new),
                                         self.pool.page_size, self.pool.kv.shape[-2], block_q=1, pages_per_tile=1)

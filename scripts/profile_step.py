@@ -19,8 +19,9 @@ from minikv.checkpoint import load_model
 
 ROLE = {  # where each operation comes from in a step
     "aten::mm": "linear layers (qkv, o, gate_up, down, lm_head)",
-    "aten::bmm": "attention: scores and weighted values",
-    "aten::index_select": "gather: K/V tiles from the pool, embeddings",
+    "aten::bmm": "attention: scores (and weighted values in prefill tiles)",
+    "aten::index_select": "gather: K tiles (decode), each request's K/V (CPU prefill), embeddings",
+    "aten::_embedding_bag_forward_only": "attention: weighted values straight from the pool (decode)",
     "aten::index": "gather: queries, logits rows, block tables",
     "aten::index_copy_": "scatter: new K/V into their slots",
     "aten::masked_fill_": "attention: causal mask",
@@ -33,6 +34,10 @@ ROLE = {  # where each operation comes from in a step
     "aten::_fused_rms_norm": "RMSNorm",
     "aten::silu": "MLP",
     "aten::mul": "RoPE, MLP",
+    "aten::sub_": "RoPE",
+    "aten::add_": "RoPE, RMSNorm",
+    "aten::pow": "RMSNorm (inside the fused call)",
+    "aten::transpose": "views",
     "aten::add": "residuals, RoPE",
     "aten::cat": "RoPE, padding",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "attention: SDPA (CPU prefill, small batches)",

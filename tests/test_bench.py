@@ -222,3 +222,17 @@ def test_json_roofline_has_the_issue_keys(tiny_random):
     data = fake_report(roofline=roof).to_json()["roofline"]
     assert set(data) == {"decode_fraction", "prefill_fraction", "matmul_gflops"}
     assert all(isinstance(x, float) and x > 0 for x in data.values())
+
+
+def test_figure_draws_the_roofline_panel():
+    """The figure's roofline panel labels each step's fraction of its matmuls, or says it was not measured."""
+    from minikv.bench.plot import bench_figure
+    from minikv.bench.roofline import Roofline
+
+    def roofline_texts(report) -> list[str]:
+        fig = bench_figure(report)
+        (ax,) = [a for a in fig.axes if a.get_title().startswith("roofline")]
+        return [t.get_text() for t in ax.texts]
+
+    assert roofline_texts(fake_report(roofline=Roofline(28.0, 84.0, 75.0, 90.0))) == ["33%", "83%"]
+    assert roofline_texts(fake_report()) == ["not measured"]

@@ -153,6 +153,7 @@ class Attention(nn.Module):
             qk = Rotary.rotate(qkv[..., : H + KVH, :], cos_sin)  # queries and keys rotated together
             out = kv.attend(self.layer, qk[..., :H, :], qk[..., H:, :], v)  # (..., H, D); keys cached *after* RoPE
         else:  # every token's key and value, only the kept rows' queries
+            assert x.dim() == 2, "rows index a flat batch of tokens (N, hidden)"
             k = Rotary.rotate(qkv[:, H : H + KVH], cos_sin)  # (N, KVH, D)
             q = Rotary.rotate(qkv[rows, :H], (cos_sin[0][rows], cos_sin[1][rows]))  # (M, H, D)
             out = kv.attend_last(self.layer, q, k, v)  # (M, H, D)

@@ -18,7 +18,12 @@ from torch import Tensor
 
 
 class AttentionBackend(Protocol):
-    """Where one forward pass keeps and reads its keys and values."""
+    """Where one forward pass keeps and reads its keys and values.
+
+    A backend may also offer `last_rows` (M,) and `attend_last(layer, q, k, v)`: store every new
+    token's K/V, attend only the queries of those rows. Llama.forward uses it for its last layer
+    when it is asked for the logits of exactly `last_rows` (PagedStep offers it).
+    """
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Store this step's new `k`, `v` for `layer`, then attend `q` over the visible cache.
@@ -45,17 +50,20 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
     return x.repeat_interleave(num_heads // num_kv_heads, dim=-2)
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False) -> Tensor:
     """Plain SDPA over gathered keys: the one kernel every backend ends in.
 
     q: (B, T, H, D); k, v: (B, S, KVH, D); mask: (B, T, S) bool, True where a query may look,
-    or None when every query may see every key. Returns (B, T, H, D).
+    or None when every query may see every key, or (is_causal, mask None, T == S) query t sees
+    keys 0..t. Returns (B, T, H, D).
     """
+    assert not (is_causal and mask is not None), "a causal call takes no mask"
     num_heads = q.shape[-2]
     k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)  # (B, S, H, D)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, H, T|S, D)
         attn_mask=None if mask is None else mask.unsqueeze(1),  # (B, 1, T, S)
+        is_causal=is_causal,
     )  # (B, H, T, D)
     return out.transpose(1, 2)
 

@@ -41,7 +41,7 @@ class ModelRunner:
         Every sequence must already own pages for all of its tokens. Samples with each
         sequence's own generator (advancing it), and changes nothing else.
         """
-        slices, ids, last = [], [], []
+        slices, ids = [], []
         ps = self.pool.page_size
         for seq, toks in zip(seqs, new_tokens):
             start, end = seq.num_cached, seq.num_cached + len(toks)
@@ -49,7 +49,6 @@ class ModelRunner:
             assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} would write into a shared page"
             slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
             ids += toks
-            last.append(len(ids) - 1)
             if self.log.enabled:
                 written = tuple(seq.block_table[start // ps : self.pool.pages_for(end)])
                 self.log.add(Event(step_no, self.node, "write", seq.request_id, seq.tenant, written,
@@ -60,13 +59,14 @@ class ModelRunner:
         step = PagedStep(self.pool, slices, self.audit)  # block tables, positions, slots: tensors, once per step
         try:
             logits = self.model(torch.tensor(ids, device=device), step.positions, step,
-                                logits_index=torch.tensor(last, device=device))  # (B, V)
+                                logits_index=step.last_rows)  # (B, V): each request's last token only
         except Exception as e:  # noqa: BLE001 - the batch fails, the node goes on
             return [Sampled(error=failure(e)) for _ in seqs]
         for e in step.findings:
             victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"
             self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages, f"victim={victim}"))
-        return [self.sample(seq, row) for seq, row in zip(seqs, logits)]
+        top = logits.argmax(-1).tolist()  # (B,) the greedy choice of every row in one call, as sample_next's
+        return [Sampled(token=top[b]) if seq.sampling.greedy else self.sample(seq, logits[b]) for b, seq in enumerate(seqs)]
 
     @staticmethod
     def sample(seq: Sequence, logits: torch.Tensor) -> Sampled:

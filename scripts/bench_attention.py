@@ -18,7 +18,7 @@ from minikv.bench.benchmark import PAGE_SIZE, bench_workload
 from minikv.bench.roofline import scattered_pool
 from minikv.bench.systems import prompt_ids
 from minikv.checkpoint import load_model
-from minikv.paged_attention import SeqSlice, causal_mask_after, gather_attention
+from minikv.paged_attention import SeqSlice, gather_attention
 from minikv.varlen_attention import tile_plan, tiled_attention
 
 
@@ -40,10 +40,9 @@ def main() -> None:
         k_cache, v_cache = pool.flat(0)
         slots = [pool.slot_mapping(pool.block_table_tensor([s.block_table]), torch.zeros(s.end, dtype=torch.long),
                                    torch.arange(s.end)) for s in seqs]
-        masks = [causal_mask_after(s.start, s.end, q.device) for s in seqs]
         plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
                          torch.tensor([s.num_new for s in seqs]), PAGE_SIZE, cfg.num_kv_heads, block_q, pages_per_tile)
-        contenders = {"gather": lambda: gather_attention(q, k_cache, v_cache, slots, masks),
+        contenders = {"gather": lambda: gather_attention(q, k_cache, v_cache, slots, [s.start for s in seqs]),
                       "tiles": lambda: tiled_attention(q, pool.kv[0], plan)}
         times: dict[str, list[float]] = {name: [] for name in contenders}
         with torch.inference_mode():

@@ -163,9 +163,18 @@ def test_settings_refuse_a_run_with_nothing_to_time():
     assert quick.time_checked_run and quick.timed_runs == 1 and quick.num_requests == 32
 
 
-def test_forward_flops_equal_torch_flop_counter():
+def values_as_matmul(monkeypatch) -> None:
+    """FlopCounterMode counts matmuls, not embedding_bag: take the gathered product, the same FLOPs, in its place."""
+    from minikv import varlen_attention
+
+    monkeypatch.setattr(varlen_attention, "weighted_values", varlen_attention.weighted_values_reference)
+
+
+def test_forward_flops_equal_torch_flop_counter(monkeypatch):
     """forward_flops counts what torch's FlopCounterMode counts in a tiled paged decode step (contexts of whole pages)."""
     from torch.utils.flop_counter import FlopCounterMode
+
+    values_as_matmul(monkeypatch)
 
     from minikv.bench.roofline import forward_flops
     from minikv.page_pool import PagePool
@@ -182,6 +191,28 @@ def test_forward_flops_equal_torch_flop_counter():
     assert counter.get_total_flops() == forward_flops(cfg, rows, rows * context, rows)
 
 
+def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows(monkeypatch):
+    """With last_keys, forward_flops counts what FlopCounterMode counts when the last layer runs each request's last row."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    values_as_matmul(monkeypatch)
+
+    from minikv.bench.roofline import forward_flops
+    from minikv.page_pool import PagePool
+    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
+
+    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)  # one layer: it is the last
+    model, lens = Llama(cfg).eval(), [4 * (1 + i % 5) for i in range(CPU_TILES_MIN_BATCH)]  # whole pages: tiles count exactly
+    pool = PagePool(cfg, sum(lens) // 4, page_size=4)
+    slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), 0, n) for i, n in enumerate(lens)]  # prompts
+    step = PagedStep(pool, slices)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(sum(lens), dtype=torch.long), step.positions, step, logits_index=step.last_rows)
+    assert counter.get_total_flops() == forward_flops(cfg, sum(lens), 0, len(lens), last_keys=sum(lens))
+    assert counter.get_total_flops() < forward_flops(cfg, sum(lens), sum(n * (n + 1) // 2 for n in lens), len(lens))
+
+
 def test_json_roofline_has_the_issue_keys(tiny_random):
     """roofline in --json: decode_fraction, prefill_fraction, matmul_gflops, positive numbers."""
     model, tok = tiny_random
@@ -191,3 +222,17 @@ def test_json_roofline_has_the_issue_keys(tiny_random):
     data = fake_report(roofline=roof).to_json()["roofline"]
     assert set(data) == {"decode_fraction", "prefill_fraction", "matmul_gflops"}
     assert all(isinstance(x, float) and x > 0 for x in data.values())
+
+
+def test_figure_draws_the_roofline_panel():
+    """The figure's roofline panel labels each step's fraction of its matmuls, or says it was not measured."""
+    from minikv.bench.plot import bench_figure
+    from minikv.bench.roofline import Roofline
+
+    def roofline_texts(report) -> list[str]:
+        fig = bench_figure(report)
+        (ax,) = [a for a in fig.axes if a.get_title().startswith("roofline")]
+        return [t.get_text() for t in ax.texts]
+
+    assert roofline_texts(fake_report(roofline=Roofline(28.0, 84.0, 75.0, 90.0))) == ["33%", "83%"]
+    assert roofline_texts(fake_report()) == ["not measured"]

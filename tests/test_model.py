@@ -120,3 +120,53 @@ def test_fused_rms_norm_equals_the_operation_by_operation_reference():
     norm.weight.data.normal_()
     x = torch.randn(64, 48) * 5
     assert torch.equal(norm(x), norm.reference(x))
+
+
+@pytest.mark.parametrize("num_seqs", [3, 20], ids=["per-request", "tiles"])
+def test_last_layer_on_kept_rows_only_gives_the_full_forward_logits(num_seqs):
+    """Llama.forward with the step's last_rows (last layer on those rows only) equals the full last layer."""
+    from minikv.page_pool import PagePool
+    from minikv.paged_attention import PagedStep, SeqSlice
+
+    ours, _ = random_pair(3, **RANDOM_CONFIGS[1])
+    gen = torch.Generator().manual_seed(3)
+    lens = torch.randint(2, 40, (num_seqs,), generator=gen).tolist()
+    starts = [0 if i % 3 else n // 2 for i, n in enumerate(lens)]  # some prompts after a cached prefix
+    pools = [PagePool(ours.config, sum(-(-n // 4) for n in lens), 4) for _ in range(2)]
+    logits = []
+    for pool in pools:
+        slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), s, n - s) for i, (n, s) in enumerate(zip(lens, starts))]
+        step = PagedStep(pool, slices)
+        ids = torch.randint(0, 53, (len(step.positions),), generator=torch.Generator().manual_seed(4))
+        index = step.last_rows if pool is pools[0] else step.last_rows.clone()  # a copy takes the full path
+        calls, attend_last = [], step.attend_last
+        step.attend_last = lambda *args: calls.append(args[0]) or attend_last(*args)
+        with torch.inference_mode():
+            logits.append(ours(ids, step.positions, step, logits_index=index))  # (B, V)
+        assert calls == ([ours.config.num_layers - 1] if pool is pools[0] else [])
+    assert logits[0].shape == (num_seqs, 53)
+    assert torch.allclose(logits[0], logits[1], atol=1e-5), (logits[0] - logits[1]).abs().max()
+    assert torch.equal(pools[0].kv, pools[1].kv)
+
+
+def test_rotary_rotate_has_the_bits_of_the_reference():
+    """Rotary.rotate (in-place halves) equals transformers' x*cos + rotate_half(x)*sin bit for bit."""
+    from minikv.model import Rotary
+
+    rotary = Rotary(48, 10000.0)
+    positions = torch.arange(300)
+    x = torch.randn(300, 12, 48)[:, :8]  # a strided slice, as qkv's query and key heads are
+    cos_sin = rotary.cos_sin(positions, torch.float32)
+    assert torch.equal(Rotary.rotate(x, cos_sin), Rotary.rotate_reference(x, cos_sin))
+
+
+def test_row_blocks_give_the_bits_of_one_call():
+    """by_row_blocks (the MLP 512 rows at a time, inference on a CPU) equals one call over all rows bit for bit."""
+    from minikv.model import by_row_blocks
+
+    ours, _ = random_pair(5, **RANDOM_CONFIGS[0])
+    layer = ours.layers[0]
+    x = torch.randn(1300, ours.config.hidden_size)
+    with torch.inference_mode():
+        assert torch.equal(by_row_blocks(layer.residual_mlp, x, block=512), layer.residual_mlp(x))
+        assert torch.equal(by_row_blocks(layer.residual_mlp, x[None], block=100)[0], layer.residual_mlp(x))

@@ -11,7 +11,7 @@ from minikv.model import ModelConfig
 from minikv.page_pool import PagePool
 from minikv.paged_attention import (CPU_TILES_MIN_BATCH, PagedStep, SeqSlice, paged_attention_gather,
                                     paged_attention_reference)
-from minikv.varlen_attention import tile_plan, tiled_attention
+from minikv.varlen_attention import tile_plan, tiled_attention, weighted_values, weighted_values_reference
 
 GQA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layers=2, num_heads=8,
                   num_kv_heads=2, head_dim=4, max_position_embeddings=512)
@@ -137,3 +137,34 @@ def test_slot_mapping_tensor_equals_python_slots():
     step = PagedStep(pool, seqs)
     assert step.slot_mapping.tolist() == [x for s in seqs for x in pool.slots(s.block_table, s.start, s.end)]
     assert step.positions.tolist() == [p for s in seqs for p in range(s.start, s.end)]
+
+
+@pytest.mark.parametrize("phase", ["prefill", "mixed", "decode"])
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+@pytest.mark.parametrize("num_seqs", [3, CPU_TILES_MIN_BATCH], ids=["per-request", "tiles"])
+def test_attend_last_equals_the_last_rows_of_attend(phase, config, num_seqs):
+    """attend_last (each request's last query only) gives attend's output at last_rows and writes the same K/V."""
+    for seed in range(3):
+        full, last, _ = three_pools(config, 4, seed)
+        seqs = random_batch(40 + seed, phase, 4, num_seqs=num_seqs)
+        q, k, v = qkv(config, seqs)
+        want = PagedStep(full, seqs).attend(1, q, k, v)
+        step = PagedStep(last, seqs)
+        got = step.attend_last(1, q[step.last_rows], k, v)
+        assert step.last_rows.tolist() == [sum(s.num_new for s in seqs[: b + 1]) - 1 for b in range(len(seqs))]
+        assert torch.allclose(got, want[step.last_rows], atol=1e-5), (seed, (got - want[step.last_rows]).abs().max())
+        assert torch.equal(full.kv, last.kv)
+
+
+@pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
+def test_values_summed_from_the_pool_equal_the_gathered_product(config):
+    """weighted_values (embedding_bag over pool rows, decode) equals gathering the values and multiplying."""
+    for seed in range(3):
+        pool, _, _ = three_pools(config, 4, seed)
+        seqs = random_batch(50 + seed, "decode", 4)
+        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+                         torch.tensor([s.num_new for s in seqs]), 4, config.num_kv_heads, 1, 1)
+        R = config.num_heads // config.num_kv_heads
+        probs = torch.rand(len(plan.tile_block), config.num_kv_heads, R, plan.block_k)  # (n_tiles, KVH, R, Bk)
+        got = weighted_values(probs, pool.kv[0, 1], plan)
+        assert torch.allclose(got, weighted_values_reference(probs, pool.kv[0, 1], plan), atol=1e-5)

@@ -1,8 +1,9 @@
 """The benchmark as one figure, for the README and notebooks 02 and 06.
 
-Three panels: throughput of every system (higher is better), the KV memory each cache layout
-reserves against what it uses, and what each safety switch costs the disaggregated pair, as time
-relative to the vulnerable pair (above 1 is slower).
+Four panels: throughput of every system (higher is better), the KV memory each cache layout
+reserves against what it uses, the roofline (a decode step and a prefill against the matmuls of
+their shapes), and what each safety switch costs the disaggregated pair, as time relative to the
+vulnerable pair (above 1 is slower).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def bench_figure(report: BenchReport):
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, (ax_tps, ax_kv, ax_sw) = plt.subplots(1, 3, figsize=(16, 4.8), gridspec_kw={"width_ratios": [1.2, 0.8, 1.0]})
+    fig, (ax_tps, ax_kv, ax_roof, ax_sw) = plt.subplots(1, 4, figsize=(20, 4.8),
+                                                        gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
     main = [n for n in report.results if not n.startswith("pair_vulnerable+") and "+" not in n]
     tps = [report.results[n].tokens_per_s for n in main]
     colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
@@ -47,6 +49,8 @@ def bench_figure(report: BenchReport):
     ax_kv.set_title("KV cache: reserved vs filled")
     ax_kv.legend(loc="upper left", fontsize=8)
 
+    roofline_panel(ax_roof, report)
+
     base = report.results.get("pair_vulnerable")
     switches = [n for n in report.results if n.startswith("pair_vulnerable+")] + ["pair_safe"]
     # a cost reads as a cost: time relative to the vulnerable pair (the inverse of the paired
@@ -56,6 +60,7 @@ def bench_figure(report: BenchReport):
     ax_sw.barh(labels[::-1], cost[::-1], color=PAIR)
     ax_sw.axvline(1.0, color="black", lw=0.8)
     ax_sw.axvline(1 / 0.9, color="red", lw=0.8, ls="--")
+    ax_sw.set_xlim(0, max([*cost, 1 / 0.9]) * 1.05)  # the dashed target line stays inside the panel
     for y, v in enumerate(cost[::-1]):
         ax_sw.text(0.02, y, f"{v:.2f}x", va="center", fontsize=8)
     ax_sw.set_xlabel("time relative to the vulnerable pair, above 1 slower\n(dashed: 1.11x, the target's 0.9x throughput)")
@@ -63,6 +68,26 @@ def bench_figure(report: BenchReport):
     fig.suptitle(report.machine, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def roofline_panel(ax, report: BenchReport) -> None:
+    """The decode step and the prefill, GFLOP/s achieved beside the GFLOP/s of their matmuls alone."""
+    r = report.roofline
+    ax.set_title("roofline: step vs its matmuls")
+    if r is None:
+        ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+        return
+    phases = [("decode\n(batch)", r.decode_gflops, r.decode_matmul_gflops),
+              ("prefill\n(all prompts)", r.prefill_gflops, r.prefill_matmul_gflops)]
+    xs = range(len(phases))
+    ax.bar([x - 0.2 for x in xs], [m for _, _, m in phases], width=0.4, color="#d9d9d9", label="matmuls alone")
+    ax.bar([x + 0.2 for x in xs], [g for _, g, _ in phases], width=0.4, color=MINIKV, label="the engine's step")
+    for x, (_, g, m) in zip(xs, phases):
+        ax.text(x + 0.2, g, f"{g / m:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), [name for name, _, _ in phases], fontsize=8)
+    ax.set_ylim(0, max(m for _, _, m in phases) * 1.25)
+    ax.set_ylabel("GFLOP/s (per second of CPU time on a CPU)")
+    ax.legend(loc="upper left", fontsize=8)
 
 
 def plot_path_problem(path: str | Path) -> str | None:

@@ -47,17 +47,31 @@ class Roofline:
                 "matmul_gflops": self.decode_matmul_gflops}
 
 
-def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_logits: int) -> int:
+def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_logits: int,
+                  last_keys: int | None = None) -> int:
     """Multiply-adds x 2 of one forward over `num_tokens` new tokens.
 
     `attended_keys`: the (query, key) pairs attention computes, summed over the batch (a decode
     query over a context of S tokens is S pairs; a causal prompt of T tokens is T(T+1)/2).
+    `last_keys`: when the last layer runs only the `num_logits` kept rows (Llama.forward with the
+    backend's `last_rows`), the pairs its attention computes (each request's context length);
+    that layer then runs its fused qkv projection for every token (K and V are kept) and the
+    rest for the kept rows only. None: every layer runs every token.
     """
     h, d = config.hidden_size, config.head_dim
-    per_token_linear = h * (config.num_heads + 2 * config.num_kv_heads) * d + config.num_heads * d * h \
-        + h * 2 * config.intermediate_size + config.intermediate_size * h  # qkv, o, gate_up, down
-    attention = 2 * attended_keys * config.num_heads * d  # q.k and p.v for every pair and head
-    return 2 * (config.num_layers * (num_tokens * per_token_linear + attention) + num_logits * h * config.vocab_size)
+    qkv, o = h * (config.num_heads + 2 * config.num_kv_heads) * d, config.num_heads * d * h
+    mlp = h * 2 * config.intermediate_size + config.intermediate_size * h  # gate_up, down
+    per_token_linear = qkv + o + mlp
+
+    def attention(pairs: int) -> int:
+        return 2 * pairs * config.num_heads * d  # q.k and p.v for every pair and head
+
+    if last_keys is None:
+        layers = config.num_layers * (num_tokens * per_token_linear + attention(attended_keys))
+    else:
+        layers = (config.num_layers - 1) * (num_tokens * per_token_linear + attention(attended_keys)) \
+            + num_tokens * qkv + num_logits * (o + mlp) + attention(last_keys)
+    return 2 * (layers + num_logits * h * config.vocab_size)
 
 
 def linear_weights(model: Llama) -> list[torch.Tensor]:
@@ -105,12 +119,11 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
     else:
         slices = [SeqSlice(i + 1, t, n, 1) for i, (t, n) in enumerate(zip(tables, lens))]
         ids = torch.zeros(len(lens), dtype=torch.long, device=device)  # (B,)
-    last = torch.cumsum(torch.tensor([s.num_new for s in slices], device=device), 0) - 1  # (B,)
 
     @torch.inference_mode()
     def run() -> list[int]:
         step = PagedStep(pool, slices)
-        return model(ids, step.positions, step, logits_index=last).argmax(-1).tolist()
+        return model(ids, step.positions, step, logits_index=step.last_rows).argmax(-1).tolist()  # as the engine runs
 
     return run
 
@@ -144,11 +157,12 @@ def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, ite
     """The batch `prompts`: one decode step after them and a prefill of them all, each against its matmuls."""
     config, lens = model.config, [len(p) for p in prompts]
     rates = []
-    for phase, rows, keys, step_iters in (("decode", len(lens), sum(n + 1 for n in lens), iters),
-                                          ("prefill", sum(lens), sum(n * (n + 1) // 2 for n in lens), max(2, iters // 5))):
+    for phase, rows, keys, last_keys, step_iters in (
+            ("decode", len(lens), sum(n + 1 for n in lens), sum(n + 1 for n in lens), iters),
+            ("prefill", sum(lens), sum(n * (n + 1) // 2 for n in lens), sum(lens), max(2, iters // 5))):
         matmuls, matmul_flops = linear_layers_only(model, rows)
         with torch.inference_mode():
             step_s, matmul_s = paired_seconds(paged_step(model, prompts, page_size, phase), matmuls, step_iters,
                                               busy_clock(model.device))
-        rates += [forward_flops(config, rows, keys, len(lens)) / step_s / 1e9, matmul_flops / matmul_s / 1e9]
+        rates += [forward_flops(config, rows, keys, len(lens), last_keys) / step_s / 1e9, matmul_flops / matmul_s / 1e9]
     return Roofline(*rates)

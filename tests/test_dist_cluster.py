@@ -95,3 +95,12 @@ def test_a_worker_that_cannot_start_is_a_clear_error(tiny, tmp_path):
         DistCluster(tiny[1], CONFIG, SafetySwitches(), model_dir=str(tmp_path / "missing"))
     assert "missing" in str(refused.value)
     assert not multiprocessing.active_children()
+
+
+def test_startup_check_refuses_the_mismatched_pair_before_any_worker_starts(tiny):
+    """startup_check closes the over-length path across processes as in one: the incident's pools are refused at once."""
+    from minikv.disagg.cluster import StartupRefused
+
+    with pytest.raises(StartupRefused, match="prefill"):
+        DistCluster(tiny[1], ClusterConfig(event_log=False), SafetySwitches())
+    assert not multiprocessing.active_children()

@@ -15,8 +15,8 @@ decode process the destination pool and the receiver side. Bytes really travel:
                            page count, batch sizes, dtype (JSON)
                `abort`     the reason and status of an abort (JSON)
                `closed`    how many sides have dropped the room; the second deletes its keys
-    payload    point-to-point `isend`/`irecv` (gloo on CPU; with NCCL between GPUs, whose
-               point-to-point ops ignore tags and match in posting order) of, per batch, the
+    payload    point-to-point `isend`/`irecv` (gloo, which matches by tag; NCCL is not used:
+               its point-to-point ops ignore tags and match in posting order) of, per batch, the
                K/V pages `(L, 2, n, page, KVH, D)` and the writer ledger of their slots
                `(2, n * page)` (writer uid, token position): the audit's ledger travels with
                the pages.

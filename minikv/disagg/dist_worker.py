@@ -2,7 +2,7 @@
 
 `DistCluster` (dist_cluster.py) starts two of these with torch.multiprocessing: rank 0 the
 prefill worker, rank 1 the decode worker. Each loads its own model copy on its own device, joins
-the process group (gloo, or NCCL when both ends are on GPUs) through the bootstrap `TCPStore`,
+the process group (gloo, also between GPUs: see `WorkerSpec.backend`) through the bootstrap `TCPStore`,
 builds its half with `dist_nodes.build_node_worker`, and then loops:
 
     commands in   ("admit", SeqSpec)   a request the front door checked, with its room and uid
@@ -59,10 +59,14 @@ class WorkerSpec:
 
     @property
     def backend(self) -> str:
-        """NCCL between two different GPUs, else gloo (which stages CUDA pages through host memory)."""
-        prefill, decode = (torch.device(d) for d in self.devices)
-        two_gpus = prefill.type == decode.type == "cuda" and prefill.index != decode.index
-        return "nccl" if two_gpus else "gloo"
+        """gloo, on CPUs and GPUs alike (CUDA pages are staged through host memory).
+
+        Not NCCL yet: NCCL's point-to-point operations ignore tags and match in posting order, so
+        if the two workers posted two rooms' transfers in different orders, one room's pages would
+        land in the other's: another tenant's KV. Gloo matches by tag. NCCL needs both sides to
+        post rooms in one agreed order first (nothing enforces that yet).
+        """
+        return "gloo"
 
 
 @dataclass(frozen=True)

@@ -247,7 +247,12 @@ class DistCluster(FrontDoor):
 
     # -- shutdown ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop both workers: ask, wait, then kill what is left. Safe to call twice."""
+        """Stop both workers: ask, wait, then kill what is left. Safe to call twice.
+
+        A pair that was shut down on purpose is not a failure: nothing is reported as a dead worker.
+        """
+        if self.failure is None:
+            self.failure = "the server is shutting down"
         self._stop_workers()
 
     def _stop_workers(self) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ class SeqSpec:
 
 def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
     """The worker process's entry point (torch.multiprocessing spawns it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the front door stops us in order
     try:
         torch.set_num_threads(spec.threads)
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])

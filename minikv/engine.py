@@ -25,7 +25,7 @@ from minikv.config import EngineConfig
 from minikv.events import Clock, Event, EventLog
 from minikv.front_door import FrontDoor
 from minikv.model import Llama
-from minikv.prefix_cache import cache_salt, page_keys
+from minikv.prefix_cache import request_page_keys
 from minikv.model_runner import ModelRunner
 from minikv.page_pool import PagePool
 from minikv.postprocess import postprocess
@@ -87,8 +87,7 @@ class Engine(FrontDoor):
         seq = Sequence(request_id, tenant, ids, request.max_tokens, request.sampling, now,
                        generator=request.sampling.new_generator(), client_request_id=name)
         if self.config.prefix_caching:
-            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.config.cache_salt)
-            seq.cache_keys = page_keys(ids, self.pool.page_size, salt)
+            seq.cache_keys = request_page_keys(ids, self.pool.page_size, tenant, request.cache_salt, self.config.cache_salt)
         self.seqs[request_id] = seq
         if self.audit is not None:
             self.audit.register(seq.uid, request_id, tenant, ids)

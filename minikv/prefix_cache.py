@@ -49,6 +49,16 @@ def page_keys(token_ids: Sequence[int], page_size: int, salt: str | None = None)
     return keys
 
 
+def request_page_keys(token_ids: Sequence[int], page_size: int, tenant: str, request_salt: str | None,
+                      per_tenant: bool) -> list[PageKey]:
+    """A request's page keys in its namespace: the one place a salt goes into the key.
+
+    Every front door calls this (Engine, Cluster, DistCluster), so no path can drop the salt on
+    the way (the bug class of SGLang #37160 and LMCache #4825: a salt lost at a boundary).
+    """
+    return page_keys(token_ids, page_size, cache_salt(tenant, request_salt, per_tenant))
+
+
 def page_keys_reference(token_ids: Sequence[int], page_size: int, salt: str | None = None) -> list[PageKey]:
     """The slow, obvious version: each key hashes the salt and the *whole* prefix up to its page's end.
 

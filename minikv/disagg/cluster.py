@@ -31,7 +31,7 @@ from minikv.events import Clock, Event, EventLog
 from minikv.front_door import FrontDoor
 from minikv.model import Llama
 from minikv.page_pool import PagePool
-from minikv.prefix_cache import cache_salt, page_keys
+from minikv.prefix_cache import request_page_keys
 from minikv.request import Request, Sequence
 from minikv.response import Response, Usage
 from minikv.tokenizer import decode
@@ -182,8 +182,8 @@ class Cluster(FrontDoor):
         halves[1].uid = halves[0].uid  # one identity for the audit on both pools
         self.manager.open_room(room, request_id, tenant, halves[0].uid)
         if self.config.prefix_caching:
-            salt = cache_salt(tenant, request.cache_salt, per_tenant=self.switches.cache_salt)
-            halves[0].cache_keys = page_keys(ids, self.config.page_size, salt)
+            halves[0].cache_keys = request_page_keys(ids, self.config.page_size, tenant, request.cache_salt,
+                                                     self.switches.cache_salt)
         for audit in (self.prefill_audit, self.decode_audit):
             if audit is not None:
                 audit.register(halves[0].uid, request_id, tenant, ids)

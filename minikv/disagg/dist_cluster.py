@@ -34,7 +34,7 @@ from minikv.disagg.dist_pair import DECODE_RANK, PREFILL_RANK, free_port
 from minikv.disagg.dist_worker import SeqSpec, WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
 from minikv.front_door import FrontDoor
-from minikv.prefix_cache import cache_salt, page_keys
+from minikv.prefix_cache import request_page_keys
 from minikv.request import Request
 from minikv.response import Response, Usage
 
@@ -130,7 +130,7 @@ class DistCluster(FrontDoor):
         room = next(self._rooms)
         keys = []
         if self.config.prefix_caching:
-            keys = page_keys(ids, self.config.page_size, cache_salt(tenant, request.cache_salt, per_tenant=self.switches.cache_salt))
+            keys = request_page_keys(ids, self.config.page_size, tenant, request.cache_salt, self.switches.cache_salt)
         spec = SeqSpec(request_id, tenant, list(ids), request.max_tokens, request.sampling, time.perf_counter(), room, name, keys)
         self._live[request_id] = spec
         for commands in self._commands.values():

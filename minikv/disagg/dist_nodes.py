@@ -33,7 +33,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.events import EventLog
 from minikv.model import Llama
 from minikv.page_pool import PagePool
-from minikv.prefix_cache import cache_salt, page_keys
+from minikv.prefix_cache import request_page_keys
 from minikv.request import Request, Sequence
 from minikv.sampling import SamplingParams
 
@@ -126,7 +126,7 @@ def node_pair_worker(rank: int, store: dist.Store, deadline: float, job: PairJob
             seq = Sequence(f"req-{room}", tenant, list(ids), job.max_tokens, SamplingParams(), time.perf_counter(),
                            uid=room, room=room)
             if config.prefix_caching:
-                seq.cache_keys = page_keys(ids, config.page_size, cache_salt(tenant, None, per_tenant=switches.cache_salt))
+                seq.cache_keys = request_page_keys(ids, config.page_size, tenant, None, switches.cache_salt)
             worker.admit(seq, tick)
         while worker.busy():
             if time.time() > deadline:

@@ -41,6 +41,14 @@ def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[
         raise Rejected(str(e)) from None
 
 
+def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int) -> list[int]:
+    """What every front door checks (Engine, Cluster, DistCluster): the request's shape, then the
+    advertised window. Returns the prompt's token ids, or raises Rejected."""
+    ids = check_request(request, tokenizer)
+    check_context(len(ids), request.max_tokens, context_len)
+    return ids
+
+
 MAX_CACHE_SALT_CHARS = 256
 
 

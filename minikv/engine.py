@@ -19,7 +19,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import check_context, check_pool, check_request
+from minikv.admission import check_at_door, check_pool
 from minikv.audit import OwnershipAudit
 from minikv.config import EngineConfig
 from minikv.events import Clock, Event, EventLog
@@ -72,8 +72,7 @@ class Engine(FrontDoor):
     # -- requests in -----------------------------------------------------------------------
     def admit(self, request: Request) -> list[int]:
         """The prompt's token ids, or Rejected with the reason for a 400."""
-        ids = check_request(request, self.tokenizer)
-        check_context(len(ids), request.max_tokens, self.config.context_len)
+        ids = check_at_door(request, self.tokenizer, self.config.context_len)
         pages = self.pool.pages_for(len(ids) + request.max_tokens)
         check_pool(pages * self.pool.page_size, self.pool.capacity_tokens, self.node, len(ids))
         return ids

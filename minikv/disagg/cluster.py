@@ -20,7 +20,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import check_context, check_request
+from minikv.admission import check_at_door
 from minikv.audit import OwnershipAudit
 from minikv.devices import pick_device
 from minikv.disagg.decode_node import DecodeNode
@@ -194,9 +194,7 @@ class Cluster(FrontDoor):
 
     def check(self, request: Request) -> list[int]:
         """The front door's checks (shape and the advertised window): the prompt's token ids, or Rejected."""
-        ids = check_request(request, self.tokenizer)
-        check_context(len(ids), request.max_tokens, self.config.context_len)
-        return ids
+        return check_at_door(request, self.tokenizer, self.config.context_len)
 
     def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
         self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), reason))

@@ -28,7 +28,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import check_context, check_request
+from minikv.admission import check_at_door
 from minikv.disagg.cluster import ClusterConfig, StartupRefused, decode_response, startup_problem
 from minikv.disagg.dist_pair import DECODE_RANK, PREFILL_RANK, free_port
 from minikv.disagg.dist_worker import SeqSpec, WorkerSpec, worker_main
@@ -114,9 +114,7 @@ class DistCluster(FrontDoor):
     # -- requests in ---------------------------------------------------------------------------
     def check(self, request: Request) -> list[int]:
         """The front door's checks, the same as the in-process cluster's."""
-        ids = check_request(request, self.tokenizer)
-        check_context(len(ids), request.max_tokens, self.config.context_len)
-        return ids
+        return check_at_door(request, self.tokenizer, self.config.context_len)
 
     def submit(self, request: Request) -> str:
         """Check the request at the door and hand it to both workers; 400 or 503 at once if it cannot go."""

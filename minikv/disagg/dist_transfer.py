@@ -42,8 +42,9 @@ Two knobs of ours, neither in SGLang:
                       receiver has posted its irecvs, all that while: a cancel then races a real
                       late write, with a window wide enough to hit on purpose.
 
-Gloo moves CPU tensors only: between CUDA pools on gloo the pages are staged through host memory;
-with NCCL (both ends on GPUs) they go device to device. `dist_nodes.py` runs the prefill and
+Gloo moves CPU tensors only: between CUDA pools the pages are staged through host memory (the
+workers use gloo on GPUs too, see dist_worker.WorkerSpec.backend; with NCCL they would go device to
+device, once both sides post rooms in one agreed order). `dist_nodes.py` runs the prefill and
 decode nodes on it in two processes; `dist_cluster.py` puts the front door in front of them.
 """
 

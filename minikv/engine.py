@@ -61,6 +61,10 @@ class Engine(FrontDoor):
         self.seqs: dict[str, Sequence] = {}  # engine id -> the requests being served, until they end
 
     # -- what a serving engineer reads at startup ---------------------------------------
+    def health(self) -> dict:
+        return {"pools": {"single": self.pool.occupancy()},
+                "cross_tenant_reads": self.audit.cross_tenant_reads if self.audit is not None else 0}
+
     def startup_log(self) -> str:
         mc, pool = self.model.config, self.pool
         return (

@@ -59,6 +59,10 @@ class FrontDoor(ABC):
         """Tokens generated so far for a request still being served (what a server streams); [] otherwise."""
 
     @abstractmethod
+    def health(self) -> dict:
+        """What a server's /health reports: each pool's occupancy and the audit's cross-tenant reads."""
+
+    @abstractmethod
     def _advance(self) -> None:
         """One step of the server; answers land in the outbox through `_answer`."""
 

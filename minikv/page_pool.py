@@ -90,6 +90,10 @@ class PagePool:
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
 
+    def occupancy(self) -> dict[str, int]:
+        """What a server's /health shows of this pool: free and total pages."""
+        return {"free_pages": self.num_free_pages, "total_pages": self.num_pages}
+
     @property
     def num_free_pages(self) -> int:
         """Pages allocate() can hand out: the stack, and cached pages nobody holds (evictable)."""

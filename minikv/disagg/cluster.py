@@ -163,6 +163,10 @@ class Cluster(FrontDoor):
         """The cluster's clock: the tick the next step() runs."""
         return self.clock.now
 
+    def health(self) -> dict:
+        return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
+                "cross_tenant_reads": self.cross_tenant_reads}
+
     def startup_log(self) -> list[str]:
         """What each node logs at startup: its pool size next to the context window."""
         return [pool_line(node, pool, self.config.context_len)

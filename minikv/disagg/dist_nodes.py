@@ -77,7 +77,7 @@ class NodeWorker:
 
     def report(self) -> dict:
         """What this side reports: pool occupancy and what its audit saw."""
-        return {"free_pages": self.pool.num_free_pages, "total_pages": self.pool.num_pages,
+        return {**self.pool.occupancy(),
                 "pages_held": sum(1 for h in self.pool.holders if h),
                 "cross_tenant_reads": self.audit.cross_tenant_reads if self.audit is not None else 0,
                 "late_writes": [{"room": r, "pages": pages, "holders": holders} for r, pages, holders in self.manager.landed_late]}

@@ -8,7 +8,7 @@ its `Outcome` exactly once. This is the only module of the server that touches t
 
 What the loop reads of the engine is its front door, the same on `Engine`, `Cluster` and
 `DistCluster` (`submit`, `cancel`, `step`, `has_work`, `output_ids` to stream tokens before a
-request completes, and `close` when the loop ends).
+request completes, `health` for /health, and `close` when the loop ends).
 """
 
 from __future__ import annotations
@@ -246,15 +246,7 @@ class EngineLoop:
         ticket.post(outcome)
 
     def _refresh_stats(self) -> None:
-        b = self.backend
-        if isinstance(b, DistCluster):  # the pools live in the workers: what they last reported
-            stats = b.health()
-        else:
-            pools = {"single": b.pool} if isinstance(b, Engine) else {"prefill": b.prefill_pool, "decode": b.decode_pool}
-            audit_reads = (b.audit.cross_tenant_reads if b.audit is not None else 0) if isinstance(b, Engine) else b.cross_tenant_reads
-            stats = {"pools": {name: {"free_pages": p.num_free_pages, "total_pages": p.num_pages} for name, p in pools.items()},
-                     "cross_tenant_reads": audit_reads}
-        stats |= {"live_requests": len(self._live), "steps": self.steps}
+        stats = self.backend.health() | {"live_requests": len(self._live), "steps": self.steps}
         with self._stats_lock:
             self._stats = stats
 

@@ -93,20 +93,27 @@ def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX, al
     return recovered, probes
 
 
+def send_probes(server: Server, prompts: list[str], tenant: str) -> list[Response]:
+    """Submit `prompts` together as `tenant`'s requests (one output token each), run the server
+    until they are answered, and return the answers in prompt order; any answer but 200 raises."""
+    ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
+    answered = {r.request_id: r for r in server.run()}
+    answers = [answered[i] for i in ids]
+    bad = [r for r in answers if r.status != 200]
+    if bad:
+        raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
+    return answers
+
+
 def cached_tokens_oracle(server: Server, tenant: str = ATTACKER, seen: list[Response] | None = None) -> Oracle:
     """Send the probes as ordinary requests of `tenant` (one output token each) and read
     `usage.cached_tokens`: the deterministic oracle an OpenAI-style API hands out. Every answer
     is appended to `seen` when given."""
 
     def ask(prompts: list[str], hit_at: int) -> list[bool]:
-        ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
-        answered = {r.request_id: r for r in server.run()}
-        answers = [answered[i] for i in ids]
+        answers = send_probes(server, prompts, tenant)
         if seen is not None:
             seen.extend(answers)
-        bad = [r for r in answers if r.status != 200]
-        if bad:
-            raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
         return [r.usage.cached_tokens >= hit_at for r in answers]
 
     return ask
@@ -152,8 +159,7 @@ def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
 
 def time_to_first_token(server: Server, prompt: str, tenant: str) -> float:
     """Send `prompt` alone and return its time to first token, as a client measures it."""
-    rid = server.submit(Request(prompt, tenant, max_tokens=1))
-    [answer] = [r for r in server.run() if r.request_id == rid]
+    [answer] = send_probes(server, [prompt], tenant)
     return answer.ttft_s
 
 

@@ -48,6 +48,7 @@ from minikv.disagg.prefix_probe import (
     Server,
     random_letters_prompt,
     recover_secret,
+    send_probes,
     victim_prompt,
     victim_saves,
 )
@@ -84,12 +85,7 @@ def burst_prompts(prefix: str, burst: int) -> list[str]:
 def time_burst(server: Server, prompts: list[str], tenant: str = ATTACKER,
                ledger: TimingLedger | None = None) -> float:
     """Send `prompts` at once (one output token each); the median of their times to first token."""
-    ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
-    answered = {r.request_id: r for r in server.run()}
-    answers = [answered[i] for i in ids]
-    bad = [r for r in answers if r.ttft_s is None]
-    if bad:
-        raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
+    answers = send_probes(server, prompts, tenant)
     if ledger is not None:
         ledger.last = answers[-1]
     return statistics.median(r.ttft_s for r in answers)

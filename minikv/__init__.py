@@ -17,12 +17,12 @@ from __future__ import annotations
 from importlib import import_module
 
 _EXPORTS = {
-    "load_model": "minikv.checkpoint",
-    "Engine": "minikv.engine",
-    "EngineConfig": "minikv.config",
-    "Request": "minikv.request",
-    "Response": "minikv.response",
-    "SamplingParams": "minikv.sampling",
+    "load_model": "minikv.model.checkpoint",
+    "Engine": "minikv.engine.engine",
+    "EngineConfig": "minikv.engine.config",
+    "Request": "minikv.engine.request",
+    "Response": "minikv.engine.request",
+    "SamplingParams": "minikv.model.sampling",
     "Cluster": "minikv.disagg.cluster",
     "ClusterConfig": "minikv.disagg.cluster",
     "SafetySwitches": "minikv.disagg.switches",

@@ -40,7 +40,7 @@ def positive_int(text: str) -> int:
 
 def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
     """Where `train` may write: given explicitly, and never the shipped model unless told so."""
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     if out is None:
         raise CliError("train needs --out DIR: where to write the model (the shipped data/tiny-llama is "
@@ -63,8 +63,8 @@ def check_threads(threads: int) -> None:
 
 
 def load(model_dir: str | None, device: str | None):
-    from minikv.checkpoint import CheckpointError, load_model
-    from minikv.devices import DeviceError
+    from minikv.model.checkpoint import CheckpointError, load_model
+    from minikv.model.devices import DeviceError
 
     try:
         return load_model(model_dir, device=device)
@@ -73,10 +73,10 @@ def load(model_dir: str | None, device: str | None):
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from minikv.config import EngineConfig
-    from minikv.engine import Engine
+    from minikv.engine.config import EngineConfig
+    from minikv.engine.engine import Engine
 
-    from minikv.checkpoint import describe_model_dir
+    from minikv.model.checkpoint import describe_model_dir
 
     model, tok = load(args.model, args.device)
     mc = model.config
@@ -87,13 +87,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, vocab: {mc.vocab_size}")
     print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x {mc.num_kv_heads} kv heads x {mc.head_dim} dims x 4 bytes")
     print(f"max_position_embeddings: {mc.max_position_embeddings}")
-    print(engine.startup_log())
+    print("\n".join(engine.startup_log()))
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from minikv.config import EngineConfig
-    from minikv.engine import Engine
+    from minikv.engine.config import EngineConfig
+    from minikv.engine.engine import Engine
 
     model, tok = load(args.model, args.device)
     engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
@@ -119,7 +119,7 @@ def demo_preset(args: argparse.Namespace) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from minikv.disagg.scenarios import run_scenario
+    from minikv.attacks.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
 
     try:

@@ -17,9 +17,10 @@ import torch
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
 from minikv.bench.roofline import scattered_pool
 from minikv.bench.systems import prompt_ids
-from minikv.checkpoint import load_model
-from minikv.paged_attention import SeqSlice, gather_attention
-from minikv.varlen_attention import tile_plan, tiled_attention
+from minikv.model.checkpoint import load_model
+from minikv.attention.gather import gather_attention
+from minikv.engine.paged_step import SeqSlice, block_table_tensor
+from minikv.attention.tiles import tile_plan, tiled_attention
 
 
 def main() -> None:
@@ -38,9 +39,8 @@ def main() -> None:
     for phase, seqs, (block_q, pages_per_tile) in cases:
         q = torch.randn(sum(s.num_new for s in seqs), cfg.num_heads, cfg.head_dim)
         k_cache, v_cache = pool.flat(0)
-        slots = [pool.slot_mapping(pool.block_table_tensor([s.block_table]), torch.zeros(s.end, dtype=torch.long),
-                                   torch.arange(s.end)) for s in seqs]
-        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+        slots = [torch.tensor(pool.slots(s.block_table, 0, s.end)) for s in seqs]
+        plan = tile_plan(block_table_tensor([s.block_table for s in seqs], pool.kv.device), torch.tensor([s.start for s in seqs]),
                          torch.tensor([s.num_new for s in seqs]), PAGE_SIZE, cfg.num_kv_heads, block_q, pages_per_tile)
         contenders = {"gather": lambda: gather_attention(q, k_cache, v_cache, slots, [s.start for s in seqs]),
                       "tiles": lambda: tiled_attention(q, pool.kv[0], plan)}

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from minikv.disagg.fuzz import (
+from minikv.attacks.fuzz import (
     first_failing, random_workload, run_workload, safe_for_fuzzing, smallest_failing, targets, tiny_random_model,
 )
 

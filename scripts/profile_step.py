@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
 from minikv.bench.roofline import paged_step
 from minikv.bench.systems import prompt_ids
-from minikv.checkpoint import load_model
+from minikv.model.checkpoint import load_model
 
 ROLE = {  # where each operation comes from in a step
     "aten::mm": "linear layers (qkv, o, gate_up, down, lm_head)",

@@ -18,12 +18,12 @@ import statistics
 
 import torch
 
-from minikv.checkpoint import load_model
-from minikv.disagg.prefix_probe import AFTER_SECRET, KNOWN_PREFIX
-from minikv.disagg.scenarios import run_scenario
+from minikv.model.checkpoint import load_model
+from minikv.attacks.cached_tokens import AFTER_SECRET, KNOWN_PREFIX
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.timing_probe import DIGITS
-from minikv.workload import SECRET_ALPHABET
+from minikv.attacks.timing import DIGITS
+from minikv.attacks.workload import SECRET_ALPHABET
 
 
 def positive(text: str) -> int:

@@ -9,7 +9,7 @@ import torch
 @pytest.fixture(scope="session")
 def tiny():
     """The shipped model and tokenizer, loaded once for the whole session."""
-    from minikv.checkpoint import load_model
+    from minikv.model.checkpoint import load_model
 
     torch.manual_seed(0)
     return load_model(device="cpu")
@@ -21,7 +21,7 @@ def altered_checkpoint(tmp_path):
     import json
     import shutil
 
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     def make(drop: tuple[str, ...] = (), **config_changes):
         path = tmp_path / "altered"

@@ -9,11 +9,11 @@ from minikv.bench import systems
 from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
 from minikv.bench.report import BenchReport, SystemResult, p99, summarize
 from minikv.bench.systems import Completion
-from minikv.kv_accounting import contiguous_use, paged_use
-from minikv.checkpoint import to_hf_model
+from minikv.bench.memory import contiguous_use, paged_use
+from minikv.model.checkpoint import to_hf_model
 from minikv.disagg.switches import SafetySwitches
-from minikv.model import Llama, ModelConfig
-from minikv.tokenizer import build_char_tokenizer
+from minikv.model.llama import Llama, ModelConfig
+from minikv.model.tokenizer import build_char_tokenizer
 
 
 # The `bench --json` contract, written out here rather than imported from the module it checks.
@@ -165,9 +165,13 @@ def test_settings_refuse_a_run_with_nothing_to_time():
 
 def values_as_matmul(monkeypatch) -> None:
     """FlopCounterMode counts matmuls, not embedding_bag: take the gathered product, the same FLOPs, in its place."""
-    from minikv import varlen_attention
+    from minikv.attention import tiles
 
-    monkeypatch.setattr(varlen_attention, "weighted_values", varlen_attention.weighted_values_reference)
+    def gathered(probs, v_pages, plan):
+        n_tiles, kvh, _, bk = probs.shape
+        return probs @ v_pages.reshape(-1, v_pages.shape[-1])[plan.kv_rows].view(n_tiles, kvh, bk, -1)
+
+    monkeypatch.setattr(tiles, "weighted_values", gathered)
 
 
 def test_forward_flops_equal_torch_flop_counter(monkeypatch):
@@ -177,8 +181,8 @@ def test_forward_flops_equal_torch_flop_counter(monkeypatch):
     values_as_matmul(monkeypatch)
 
     from minikv.bench.roofline import forward_flops
-    from minikv.page_pool import PagePool
-    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
+    from minikv.engine.page_pool import PagePool
+    from minikv.engine.paged_step import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
 
     cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=64)
@@ -198,8 +202,8 @@ def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows(monkeypat
     values_as_matmul(monkeypatch)
 
     from minikv.bench.roofline import forward_flops
-    from minikv.page_pool import PagePool
-    from minikv.paged_attention import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
+    from minikv.engine.page_pool import PagePool
+    from minikv.engine.paged_step import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
 
     cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
                       num_kv_heads=2, head_dim=8, max_position_embeddings=64)  # one layer: it is the last
@@ -208,7 +212,8 @@ def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows(monkeypat
     slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), 0, n) for i, n in enumerate(lens)]  # prompts
     step = PagedStep(pool, slices)
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(sum(lens), dtype=torch.long), step.positions, step, logits_index=step.last_rows)
+        model(torch.zeros(sum(lens), dtype=torch.long), step.positions, step, logits_index=step.last_rows,
+              last_layer_on_logits_only=True)
     assert counter.get_total_flops() == forward_flops(cfg, sum(lens), 0, len(lens), last_keys=sum(lens))
     assert counter.get_total_flops() < forward_flops(cfg, sum(lens), sum(n * (n + 1) // 2 for n in lens), len(lens))
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.config import EngineConfig
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.scenarios import run_scenario
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
-from minikv.events import Event, EventLog
-from minikv.request import Request
+from minikv.engine.engine import Engine
+from minikv.engine.events import Event, EventLog
+from minikv.engine.request import Request
 
 
 def push(server, n: int) -> None:
@@ -23,17 +23,17 @@ def test_engine_forgets_a_request_once_its_answer_is_handed_over(tiny):
     """After run(): no held ids, no live sequences, and the audit's name table bounded by its pool."""
     engine = Engine(*tiny, EngineConfig(num_pages=16))
     push(engine, 300)
-    assert engine.held() == 0 and not engine.seqs and not engine.audit.live
+    assert engine.book.held() == 0 and not engine.seqs and not engine.audit.live
     writers_in_pool = len(set(engine.audit.writers.unique().tolist()))
     assert len(engine.audit.names) <= max(64, 2 * writers_in_pool)
 
 
 def test_cluster_drops_rooms_senders_and_receivers_once_settled(tiny):
-    """After run(): no rooms, senders, receivers, outcomes or held ids remain on the cluster."""
+    """After run(): no rooms, endpoints, finished records or held ids remain on the cluster."""
     cluster = Cluster(*tiny, ClusterConfig(prefill_pages=64, decode_pages=64), SafetySwitches.preset("safe"))
     push(cluster, 300)
-    assert cluster.held() == 0 and not cluster.manager.rooms
-    assert not cluster.prefill.senders and not cluster.decode.receivers and not cluster.decode.outcomes
+    assert cluster.book.held() == 0 and not cluster.manager.rooms
+    assert not cluster.prefill.endpoints and not cluster.decode.endpoints and not cluster.decode.finished
     for audit in (cluster.prefill_audit, cluster.decode_audit):
         writers_in_pool = len(set(audit.writers.unique().tolist()))
         assert not audit.live and len(audit.names) <= max(64, 2 * writers_in_pool)

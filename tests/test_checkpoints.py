@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoConfig
 
-from minikv.checkpoint import (DEFAULT_MODEL_DIR, HF_FIELDS, CheckpointError, hf_config_for, load_model,
+from minikv.model.checkpoint import (DEFAULT_MODEL_DIR, HF_FIELDS, CheckpointError, hf_config_for, load_model,
                                model_config_from_hf)
 
 

@@ -108,7 +108,7 @@ def test_shipped_model_is_small_and_loads_offline():
     """data/tiny-llama is under 20 MB and loads with the Auto classes, no hub involved."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     size = sum(f.stat().st_size for f in DEFAULT_MODEL_DIR.iterdir())
     assert size <= 20 * 2**20, size
@@ -224,7 +224,7 @@ def test_train_without_out_refuses_and_writes_nothing(capsys, train_calls):
 
 def test_train_into_the_shipped_model_needs_overwrite_shipped(capsys, train_calls):
     """--out data/tiny-llama alone is refused; with --overwrite-shipped it is allowed."""
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     code, _, err = run_main(capsys, "train", "--quick", "--out", str(DEFAULT_MODEL_DIR))
     assert code == 2 and "--overwrite-shipped" in one_error_line(err) and train_calls == []
@@ -234,7 +234,7 @@ def test_train_into_the_shipped_model_needs_overwrite_shipped(capsys, train_call
 
 def test_model_path_that_is_a_file_says_so(capsys):
     """--model FILE says it is a file, not that it does not exist."""
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     code, _, err = run_main(capsys, "info", "--model", str(DEFAULT_MODEL_DIR / "config.json"))
     assert code == 2 and "is a file; give the checkpoint's directory" in one_error_line(err)
@@ -244,7 +244,7 @@ def test_info_names_minikv_model_rather_than_shipped(capsys, monkeypatch, tmp_pa
     """With MINIKV_MODEL set, info names that directory, not "(shipped)"."""
     import shutil
 
-    from minikv.checkpoint import DEFAULT_MODEL_DIR
+    from minikv.model.checkpoint import DEFAULT_MODEL_DIR
 
     shutil.copytree(DEFAULT_MODEL_DIR, tmp_path / "mine")
     monkeypatch.setenv("MINIKV_MODEL", str(tmp_path / "mine"))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from minikv.config import EngineConfig
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
-from minikv.request import Request
-from minikv.workload import SECRET_FIELDS, Note, long_document_prompt, note_prompt, random_secret
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
+from minikv.attacks.workload import SECRET_FIELDS, Note, long_document_prompt, note_prompt, random_secret
 
 N = 200
 

@@ -8,7 +8,7 @@ import zlib
 import pytest
 import torch
 
-from minikv.config import EngineConfig
+from minikv.engine.config import EngineConfig
 from minikv.disagg.checksum import (
     adler32,
     adler32_from_definition,
@@ -19,12 +19,12 @@ from minikv.disagg.checksum import (
     tensor_bytes,
 )
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.attacks.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVPoll
-from minikv.engine import Engine
-from minikv.request import Request
-from minikv.workload import long_document_prompt
+from minikv.disagg.transfer.base import KVPoll
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
+from minikv.attacks.workload import long_document_prompt
 
 VULNERABLE = SafetySwitches.preset("vulnerable")
 SAFE = SafetySwitches.preset("safe")
@@ -73,7 +73,7 @@ def test_adler32_on_device_is_right_past_the_old_int64_overflow():
 def test_kv_checksum_page_by_page_matches_the_gathered_reference(tiny):
     """zlib chained over pages in place equals Adler-32 of the gathered slots, partial last page
     and scattered pages included; changing one byte of one token changes it."""
-    from minikv.page_pool import PagePool
+    from minikv.engine.page_pool import PagePool
 
     model, _ = tiny
     pool = PagePool(model.config, num_pages=12, page_size=4)
@@ -194,7 +194,7 @@ def test_transfer_poll_states_follow_sglang(tiny):
     model, tok = tiny
     pair = Cluster(model, tok, ClusterConfig(prefill_pages=64, decode_pages=128), SAFE)
     rid = pair.submit(Request("alice: save pin 0912.\n", "alice", 8))
-    receiver = next(iter(pair.decode.receivers.values()))
+    receiver = next(iter(pair.decode.endpoints.values()))
     seen, done = [receiver.poll()], []
     while rid not in [r.request_id for r in done]:
         done += pair.step()

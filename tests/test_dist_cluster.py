@@ -16,10 +16,10 @@ from http import HTTPStatus
 import pytest
 
 from minikv.disagg.cluster import ClusterConfig
-from minikv.disagg.dist_cluster import DistCluster, WorkerStartError
+from minikv.disagg.dist.cluster import DistCluster, WorkerStartError
 from minikv.disagg.switches import SafetySwitches
-from minikv.request import Request
-from minikv.workload import document_sentence
+from minikv.engine.request import Request
+from minikv.attacks.workload import document_sentence
 
 CONFIG = ClusterConfig(prefill_pages=64, event_log=False)  # a 1,024-token window both pools hold
 LINK_S_PER_PAGE = 0.015  # Carol's 38 pages: about 0.57 s on the link; Dave's 2: 0.03 s

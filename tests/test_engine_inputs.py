@@ -12,14 +12,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from minikv.checkpoint import DEFAULT_MODEL_DIR, load_model
-from minikv.config import EngineConfig
-from minikv.devices import DeviceError, pick_device
+from minikv.model.checkpoint import DEFAULT_MODEL_DIR, load_model
+from minikv.engine.config import EngineConfig
+from minikv.model.devices import DeviceError, pick_device
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.engine import Engine
-from minikv.page_pool import PoolTooLarge
-from minikv.request import Request
-from minikv.tokenizer import PromptError, encode_prompt
+from minikv.engine.engine import Engine
+from minikv.engine.page_pool import PoolTooLarge
+from minikv.engine.request import Request
+from minikv.model.tokenizer import PromptError, encode_prompt
 
 CONTROL_TEXT = ["ab</s>cd\n", "<pad>\n", "<unk>\n", "</s><pad><unk>\n"]
 

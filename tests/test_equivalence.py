@@ -7,12 +7,12 @@ import random
 import torch
 from transformers import AutoModelForCausalLM
 
-from minikv.checkpoint import default_model_dir
-from minikv.config import EngineConfig
-from minikv.decoding import generate_with_cache, generate_without_cache
-from minikv.engine import Engine
-from minikv.request import Request
-from minikv.workload import TENANTS, document_sentence, make_prompt, random_note
+from minikv.model.checkpoint import default_model_dir
+from minikv.engine.config import EngineConfig
+from minikv.model.decoding import generate_with_cache, generate_without_cache
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
+from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
 
 
 def random_prompt(rng: random.Random) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.disagg.prefix_probe import recover_secret
+from minikv.attacks.cached_tokens import recover_secret
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
 
 

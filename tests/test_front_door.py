@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minikv.config import EngineConfig
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
-from minikv.request import Request
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
 
 TENANTS = ("alice", "bob", "carol")
 PINS = ("0912", "4455", "7731", "2048")
@@ -88,7 +88,7 @@ def play(server, workload: list[Submission], expected_text: dict) -> None:
         if step > max(s.step for s in workload) and not server.has_work():
             break
     assert not pending and sorted(map(id, answered)) == sorted(map(id, workload)), "a submission never answered"
-    assert server.held() == 0
+    assert server.book.held() == 0
 
 
 @pytest.mark.parametrize("kind", SERVERS)
@@ -150,15 +150,17 @@ def test_non_string_tenant_or_request_id_is_a_clear_400(tiny, kind, field, value
 @pytest.mark.parametrize("kind", SERVERS)
 def test_handover_checks_the_tenant(tiny, kind, monkeypatch):
     """A response built for the wrong tenant trips the delivery invariant instead of reaching anyone."""
-    server = SERVERS[kind](tiny)
-    real = type(server)._response
+    from minikv.engine import front_door
 
-    def misrouted(self, seq, *args, **kwargs):
-        response = real(self, seq, *args, **kwargs)
+    server = SERVERS[kind](tiny)
+    real = front_door.to_response
+
+    def misrouted(*args, **kwargs):
+        response = real(*args, **kwargs)
         response.tenant = "mallory"
         return response
 
-    monkeypatch.setattr(type(server), "_response", misrouted)
+    monkeypatch.setattr(front_door, "to_response", misrouted)
     server.submit(Request(prompt_for("alice", "0912"), "alice", 8))
     with pytest.raises(AssertionError, match="would go to 'alice'"):
         server.run()

@@ -7,12 +7,12 @@ import random
 import pytest
 
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.fuzz import (
+from minikv.attacks.fuzz import (
     first_failing, random_workload, run_workload, safe_for_fuzzing, settled_always_true, smallest_failing,
     targets, tiny_random_model, workloads_until_problem,
 )
-from minikv.disagg.transfer import KVManager
-from minikv.request import Request
+from minikv.disagg.transfer.inprocess import KVManager
+from minikv.engine.request import Request
 
 MODEL, TOK = tiny_random_model()
 SAFE_WORKLOADS = 500  # scripts/fuzz.py runs 2,000 and more

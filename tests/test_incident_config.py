@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 
 from minikv.disagg.cluster import POST_FIX_PREFILL_PAGES, ClusterConfig
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.attacks.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.workload import expected_reply, long_document_prompt
+from minikv.attacks.workload import expected_reply, long_document_prompt
 
 SECRET = "Zq 7-x,Lm 42"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.fuzz import tiny_random_model
+from minikv.attacks.fuzz import tiny_random_model
 from minikv.disagg.switches import SafetySwitches
-from minikv.request import Request
+from minikv.engine.request import Request
 
 MODEL, TOK = tiny_random_model()
 PAGE = 8  # one prefill page: the longest accepted prompt is 7 tokens

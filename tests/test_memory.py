@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.kv_accounting import KVMemoryUse, contiguous_use, paged_use
+from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
 
 
 def test_contiguous_reserves_the_whole_row_per_request():

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from minikv.attention import DenseAttention, causal_mask
-from minikv.checkpoint import from_hf_state_dict, model_config_from_hf
-from minikv.contiguous_cache import ContiguousCache
-from minikv.model import Llama, ModelConfig
+from minikv.attention.dense import DenseAttention, causal_mask
+from minikv.model.checkpoint import from_hf_state_dict, model_config_from_hf
+from minikv.model.contiguous_cache import ContiguousCache
+from minikv.model.llama import Llama, ModelConfig
 
 RANDOM_CONFIGS = [
     dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
@@ -62,7 +62,7 @@ def test_logits_match_transformers_on_shipped_model(tiny):
 
 
 def model_dir():
-    from minikv.checkpoint import default_model_dir
+    from minikv.model.checkpoint import default_model_dir
 
     return default_model_dir()
 
@@ -102,7 +102,7 @@ def test_unsupported_rope_scaling_is_refused():
 
 def test_packed_weights_round_trip_to_transformers_names():
     """qkv_proj and gate_up_proj split back into transformers' q/k/v and gate/up weights exactly."""
-    from minikv.checkpoint import to_hf_state_dict
+    from minikv.model.checkpoint import to_hf_state_dict
 
     ours, hf = random_pair(2, **RANDOM_CONFIGS[4])  # GQA with head_dim != hidden / heads
     back = to_hf_state_dict(ours)
@@ -111,22 +111,23 @@ def test_packed_weights_round_trip_to_transformers_names():
     assert all(torch.equal(back[name], want[name]) for name in want)
 
 
-def test_fused_rms_norm_equals_the_operation_by_operation_reference():
-    """RMSNorm's fused float32 path gives exactly the bits of transformers' formula."""
-    from minikv.model import RMSNorm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_equals_the_operation_by_operation_reference(dtype):
+    """RMSNorm (F.rms_norm in float32, then the weight) gives exactly the bits of transformers' formula."""
+    from minikv.model.llama import RMSNorm, rms_norm_reference
 
     torch.manual_seed(3)
-    norm = RMSNorm(48, 1e-6)
+    norm = RMSNorm(48, 1e-6).to(dtype)
     norm.weight.data.normal_()
-    x = torch.randn(64, 48) * 5
-    assert torch.equal(norm(x), norm.reference(x))
+    x = (torch.randn(64, 48) * 5).to(dtype)
+    assert torch.equal(norm(x), rms_norm_reference(norm, x))
 
 
 @pytest.mark.parametrize("num_seqs", [3, 20], ids=["per-request", "tiles"])
 def test_last_layer_on_kept_rows_only_gives_the_full_forward_logits(num_seqs):
-    """Llama.forward with the step's last_rows (last layer on those rows only) equals the full last layer."""
-    from minikv.page_pool import PagePool
-    from minikv.paged_attention import PagedStep, SeqSlice
+    """Llama.forward with last_layer_on_logits_only (the last layer on each request's last row) equals the full last layer."""
+    from minikv.engine.page_pool import PagePool
+    from minikv.engine.paged_step import PagedStep, SeqSlice
 
     ours, _ = random_pair(3, **RANDOM_CONFIGS[1])
     gen = torch.Generator().manual_seed(3)
@@ -138,35 +139,25 @@ def test_last_layer_on_kept_rows_only_gives_the_full_forward_logits(num_seqs):
         slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), s, n - s) for i, (n, s) in enumerate(zip(lens, starts))]
         step = PagedStep(pool, slices)
         ids = torch.randint(0, 53, (len(step.positions),), generator=torch.Generator().manual_seed(4))
-        index = step.last_rows if pool is pools[0] else step.last_rows.clone()  # a copy takes the full path
-        calls, attend_last = [], step.attend_last
-        step.attend_last = lambda *args: calls.append(args[0]) or attend_last(*args)
+        pruned = pool is pools[0]
+        calls, attend = [], step.attend
+        step.attend = lambda *args, last_only=False: calls.append((args[0], last_only)) or attend(*args, last_only=last_only)
         with torch.inference_mode():
-            logits.append(ours(ids, step.positions, step, logits_index=index))  # (B, V)
-        assert calls == ([ours.config.num_layers - 1] if pool is pools[0] else [])
+            logits.append(ours(ids, step.positions, step, logits_index=step.last_rows,
+                               last_layer_on_logits_only=pruned))  # (B, V)
+        assert [layer for layer, last in calls if last] == ([ours.config.num_layers - 1] if pruned else [])
     assert logits[0].shape == (num_seqs, 53)
     assert torch.allclose(logits[0], logits[1], atol=1e-5), (logits[0] - logits[1]).abs().max()
     assert torch.equal(pools[0].kv, pools[1].kv)
 
 
-def test_rotary_rotate_has_the_bits_of_the_reference():
+@pytest.mark.parametrize("rows", [1, 32, 300], ids=["one", "decode-batch", "prefill"])
+def test_rotary_rotate_has_the_bits_of_the_reference(rows):
     """Rotary.rotate (in-place halves) equals transformers' x*cos + rotate_half(x)*sin bit for bit."""
-    from minikv.model import Rotary
+    from minikv.model.llama import Rotary, rope_reference
 
     rotary = Rotary(48, 10000.0)
-    positions = torch.arange(300)
-    x = torch.randn(300, 12, 48)[:, :8]  # a strided slice, as qkv's query and key heads are
+    positions = torch.arange(rows)
+    x = torch.randn(rows, 12, 48)[:, :8]  # a strided slice, as qkv's query and key heads are
     cos_sin = rotary.cos_sin(positions, torch.float32)
-    assert torch.equal(Rotary.rotate(x, cos_sin), Rotary.rotate_reference(x, cos_sin))
-
-
-def test_row_blocks_give_the_bits_of_one_call():
-    """by_row_blocks (the MLP 512 rows at a time, inference on a CPU) equals one call over all rows bit for bit."""
-    from minikv.model import by_row_blocks
-
-    ours, _ = random_pair(5, **RANDOM_CONFIGS[0])
-    layer = ours.layers[0]
-    x = torch.randn(1300, ours.config.hidden_size)
-    with torch.inference_mode():
-        assert torch.equal(by_row_blocks(layer.residual_mlp, x, block=512), layer.residual_mlp(x))
-        assert torch.equal(by_row_blocks(layer.residual_mlp, x[None], block=100)[0], layer.residual_mlp(x))
+    assert torch.equal(Rotary.rotate(x, cos_sin), rope_reference(x, cos_sin))

@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from minikv.config import EngineConfig
-from minikv.decoding import generate_with_cache
-from minikv.engine import Engine
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool, PoolExhausted
-from minikv.paged_attention import PagedStep, SeqSlice, paged_attention_reference
-from minikv.request import Request
-from minikv.sampling import SamplingParams
+from minikv.engine.config import EngineConfig
+from minikv.model.decoding import generate_with_cache
+from minikv.engine.engine import Engine
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool, PoolExhausted
+from minikv.engine.paged_step import PagedStep, SeqSlice, paged_attention_reference
+from minikv.engine.request import Request
+from minikv.model.sampling import SamplingParams
 
 SMALL = ModelConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=4, max_position_embeddings=64)
@@ -71,7 +71,7 @@ def test_paged_engine_matches_contiguous_reference(tiny):
     """Greedy outputs of a batched paged run equal one-at-a-time contiguous decoding."""
     model, tok = tiny
     rng = random.Random(1)
-    from minikv.workload import note_prompt, random_note
+    from minikv.attacks.workload import note_prompt, random_note
 
     prompts = [note_prompt(rng.choice(["alice", "bob", "carol"]), random_note(rng)) for _ in range(8)]
     engine = Engine(model, tok, EngineConfig(num_pages=64))
@@ -88,7 +88,7 @@ def test_pool_whole_and_audit_zero_after_a_drained_workload(tiny):
     model, tok = tiny
     engine = Engine(model, tok, EngineConfig(num_pages=12, max_batch_size=4))
     rng = random.Random(2)
-    from minikv.workload import note_prompt, random_note
+    from minikv.attacks.workload import note_prompt, random_note
 
     done = []
     for i in range(10):

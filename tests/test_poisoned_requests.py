@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-import minikv.model_runner
-from minikv.config import EngineConfig
+import minikv.engine.model_runner
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
-from minikv.request import Request
-from minikv.sampling import SamplingParams, sample_next
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
+from minikv.model.sampling import SamplingParams, sample_next
 
 PROMPTS = ["alice: save pin 0912.\n", "bob: save pin 4455.\n", "carol: save pin 7731.\n"]
 
@@ -115,7 +115,7 @@ def raise_for_seed(poisoned_seed: int):
 @pytest.mark.parametrize("kind", SERVERS)
 def test_a_fault_in_one_request_of_a_batch_ends_only_that_request(tiny, kind, monkeypatch):
     """Sampling raises for one request of a batch: it gets a 500 with the reason, the others 200, pages come back."""
-    monkeypatch.setattr(minikv.model_runner, "sample_next", raise_for_seed(666))
+    monkeypatch.setattr(minikv.engine.model_runner, "sample_next", raise_for_seed(666))
     server = SERVERS[kind](tiny)
     ids = [server.submit(Request(p, p.split(":")[0], 24)) for p in PROMPTS]
     bad = server.submit(Request("dave: save pin 1111.\n", "dave", 24, SamplingParams(temperature=0.5, seed=666)))
@@ -140,7 +140,7 @@ def test_a_fault_mid_decode_on_the_cluster_frees_both_halves(tiny, monkeypatch):
                 raise RuntimeError("injected fault")
         return sample_next(logits, params, generator)
 
-    monkeypatch.setattr(minikv.model_runner, "sample_next", fails_on_third_token)
+    monkeypatch.setattr(minikv.engine.model_runner, "sample_next", fails_on_third_token)
     cluster = make_cluster(tiny)
     good = cluster.submit(Request(PROMPTS[0], "alice", 24))
     bad = cluster.submit(Request(PROMPTS[1], "bob", 24, SamplingParams(temperature=0.5, seed=666)))
@@ -152,16 +152,16 @@ def test_a_fault_mid_decode_on_the_cluster_frees_both_halves(tiny, monkeypatch):
 @pytest.mark.parametrize("kind", SERVERS)
 def test_a_fault_while_checking_a_request_is_a_500_for_it_alone(tiny, kind, monkeypatch):
     """If checking one request raises (here: the tokenizer), that request gets a 500; the next is served."""
-    import minikv.admission
+    import minikv.engine.admission
 
-    real = minikv.admission.encode_prompt
+    real = minikv.engine.admission.encode_prompt
 
     def fragile(tokenizer, prompt):
         if prompt.startswith("dave"):
             raise TypeError("injected fault")
         return real(tokenizer, prompt)
 
-    monkeypatch.setattr(minikv.admission, "encode_prompt", fragile)
+    monkeypatch.setattr(minikv.engine.admission, "encode_prompt", fragile)
     server = SERVERS[kind](tiny)
     bad = server.submit(Request("dave: save pin 1111.\n", "dave", 24))
     good = server.submit(Request(PROMPTS[0], "alice", 24))

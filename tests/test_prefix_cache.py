@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from minikv.audit import OwnershipAudit
-from minikv.config import EngineConfig
-from minikv.disagg.fuzz import first_failing, run_workload, targets, tiny_random_model
-from minikv.engine import Engine
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool
-from minikv.prefix_cache import cache_salt, page_keys, page_keys_reference
-from minikv.request import Request
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.config import EngineConfig
+from minikv.attacks.fuzz import first_failing, run_workload, targets, tiny_random_model
+from minikv.engine.engine import Engine
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool
+from minikv.engine.prefix_cache import cache_salt, page_keys, page_keys_reference
+from minikv.engine.request import Request
 
 MODEL, TOK = tiny_random_model()
 TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
@@ -60,13 +60,13 @@ def test_cached_pages_are_parked_and_evicted_least_recently_used_first():
     pool = PagePool(TINY, 4, 1, prefix_caching=True)
     keys = page_keys([1, 2, 3], 1)
     pages = pool.allocate(3, "a")
-    assert pool.cache_pages(keys, pages, 3) == pages
+    assert pool.prefix_cache.cache_pages(keys, pages, 3) == pages
     pool.free(pages, "a")  # freed in reverse: the last page parks first, so it is evicted first
     assert pool.num_free_pages == 4 and pool.free_pages == [3]
-    pool.acquire([pages[0]], "b")  # a hit: page 0 held again
+    pool.allocate(0, "b", cached=[pages[0]])  # a hit: page 0 held again
     assert pool.allocate(1, "c") == [3]  # the stack first
     assert pool.allocate(2, "d") == [pages[2], pages[1]]  # then LRU, never the held page 0
-    assert pool.prefix_cache.match(keys) == [pages[0]]  # evicted pages lost their keys
+    assert pool.prefix_cache.match(keys, 4) == [pages[0]]  # evicted pages lost their keys
     assert not pool.can_allocate(1)
     pool.check_integrity()
 
@@ -75,8 +75,8 @@ def test_shared_page_stays_held_until_its_last_holder_frees_it():
     """Ref counts: a page two requests hold is freed only by the second free."""
     pool = PagePool(TINY, 2, 1, prefix_caching=True)
     page = pool.allocate(1, "a")
-    pool.cache_pages(page_keys([5], 1), page, 1)
-    pool.acquire(page, "b")
+    pool.prefix_cache.cache_pages(page_keys([5], 1), page, 1)
+    pool.allocate(0, "b", cached=page)
     assert pool.ref_count(page[0]) == 2
     pool.free(page, "a")
     assert pool.ref_count(page[0]) == 1 and pool.num_free_pages == 1
@@ -92,9 +92,9 @@ def test_the_last_token_is_never_taken_from_the_cache():
     pool = PagePool(TINY, 8, 2, prefix_caching=True)
     ids = [1, 2, 3, 0]
     pages = pool.allocate(2, "a")
-    pool.cache_pages(page_keys(ids, 2), pages, 4)
-    assert pool.cached_prefix(page_keys(ids, 2), 4) == pages[:1]
-    assert pool.cached_prefix(page_keys(ids + [1], 2), 5) == pages
+    pool.prefix_cache.cache_pages(page_keys(ids, 2), pages, 4)
+    assert pool.prefix_cache.match(page_keys(ids, 2), 4) == pages[:1]
+    assert pool.prefix_cache.match(page_keys(ids + [1], 2), 5) == pages
 
 
 # -- the engine: outputs, usage, bookkeeping -----------------------------------------------------
@@ -159,7 +159,7 @@ def test_cached_tokens_in_usage_and_cache_hit_event():
 
 def test_logits_with_cached_prefix_match_transformers():
     """The shipped model: a prompt whose prefix came from the cache gives transformers' logits."""
-    from minikv.checkpoint import load_model, to_hf_model
+    from minikv.model.checkpoint import load_model, to_hf_model
 
     model, tok = load_model(device="cpu")
     hf = to_hf_model(model, tok)

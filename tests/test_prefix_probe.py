@@ -7,9 +7,9 @@ import string
 
 import pytest
 
-from minikv.checkpoint import load_model
-from minikv.disagg.prefix_probe import page_guesses, recover_secret
-from minikv.disagg.scenarios import run_scenario
+from minikv.model.checkpoint import load_model
+from minikv.attacks.cached_tokens import page_guesses, recover_secret
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
 
 MODEL, TOK = load_model(device="cpu")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from minikv.config import EngineConfig
-from minikv.engine import Engine
-from minikv.sampling import SamplingParams
+from minikv.engine.config import EngineConfig
+from minikv.engine.engine import Engine
+from minikv.model.sampling import SamplingParams
 
 # The shipped model is sure of itself on the prompts it was trained on (every seed gives
 # "saved memo hi."), which would let a sampler that ignores its seed pass. On a prompt it has

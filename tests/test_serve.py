@@ -16,7 +16,7 @@ import pytest
 
 from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.serve.launch import ServerProcess
-from minikv.workload import long_document_prompt
+from minikv.attacks.workload import long_document_prompt
 
 MODEL = "tiny-llama"
 TENANTS = [f"t{i:02d}" for i in range(32)]

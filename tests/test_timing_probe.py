@@ -7,20 +7,20 @@ import random
 
 import pytest
 
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.prefix_probe import recover_secret
-from minikv.disagg.scenarios import run_scenario
+from minikv.attacks.cached_tokens import recover_secret
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.timing_probe import (
+from minikv.attacks.timing import (
     DIGITS,
     fastest_if_significant,
     rank_sum_p_value,
     ranks_within_cycles,
     timing_attack,
 )
-from minikv.engine import Engine
+from minikv.engine.engine import Engine
 
 MODEL, TOK = load_model(device="cpu")
 POOL = 1024  # 1-token pages: the smallest pool that holds the 1,024-token window, so flushes stay cheap

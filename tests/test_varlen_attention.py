@@ -1,4 +1,4 @@
-"""The batched (tiled) paged attention equals the per-request gather path and the slot-by-slot reference."""
+"""Both paged attention paths (tiles, per-request gather) equal the slot-by-slot reference."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import random
 import pytest
 import torch
 
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool
-from minikv.paged_attention import (CPU_TILES_MIN_BATCH, PagedStep, SeqSlice, paged_attention_gather,
-                                    paged_attention_reference)
-from minikv.varlen_attention import tile_plan, tiled_attention, weighted_values, weighted_values_reference
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool
+from minikv.attention.gather import gather_attention
+from minikv.attention.tiles import tile_plan, tiled_attention, weighted_values
+from minikv.engine.paged_step import (CPU_TILES_MIN_BATCH, PagedStep, SeqSlice, block_table_tensor,
+                                      paged_attention_reference, slot_mapping)
 
 GQA = ModelConfig(vocab_size=10, hidden_size=32, intermediate_size=32, num_layers=2, num_heads=8,
                   num_kv_heads=2, head_dim=4, max_position_embeddings=512)
@@ -66,14 +67,19 @@ def qkv(config: ModelConfig, seqs: list[SeqSlice]) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
 @pytest.mark.parametrize("page_size", [4, 16])
 def test_paged_step_equals_gather_path_and_reference(phase, config, page_size):
-    """PagedStep.attend (small CPU batches: request by request) equals the gather path and the reference."""
+    """PagedStep.attend (small CPU batches: request by request) equals gather_attention over Python-built
+    slot lists and the reference, and writes the same K/V."""
     for seed in range(4):
         fast, gather, slow = three_pools(config, page_size, seed)
         seqs = random_batch(seed, phase, page_size)
         q, k, v = qkv(config, seqs)
         out_fast = PagedStep(fast, seqs).attend(1, q, k, v)
-        out_gather = paged_attention_gather(gather, 1, seqs, q, k, v)
         out_slow = paged_attention_reference(slow, 1, seqs, q, k, v)
+        k_cache, v_cache = gather.flat(1)
+        new = torch.tensor([x for s in seqs for x in gather.slots(s.block_table, s.start, s.end)])
+        k_cache[new], v_cache[new] = k, v
+        context = [torch.tensor(gather.slots(s.block_table, 0, s.end)) for s in seqs]
+        out_gather = gather_attention(q, k_cache, v_cache, context, [s.start for s in seqs])
         assert torch.allclose(out_fast, out_slow, atol=1e-5), (seed, (out_fast - out_slow).abs().max())
         assert torch.allclose(out_gather, out_slow, atol=1e-5)
         assert torch.equal(fast.kv, slow.kv) and torch.equal(gather.kv, slow.kv)
@@ -87,8 +93,8 @@ def test_paged_step_tiles_a_large_decode_batch_and_equals_the_reference(config):
         seqs = random_batch(30 + seed, "decode", 4, num_pages=256, num_seqs=CPU_TILES_MIN_BATCH)
         q, k, v = qkv(config, seqs)
         step = PagedStep(fast, seqs)
-        assert step.plan is not None, "the tiles were not used"
         out_fast = step.attend(1, q, k, v)
+        assert step.plans, "the tiles were not used"
         assert torch.allclose(out_fast, paged_attention_reference(slow, 1, seqs, q, k, v), atol=1e-5)
         assert torch.equal(fast.kv, slow.kv)
 
@@ -103,7 +109,7 @@ def test_tiles_of_any_shape_equal_the_reference(phase, block_q, pages_per_tile):
         q, k, v = qkv(GQA, seqs)
         want = paged_attention_reference(slow, 0, seqs, q, k, v)  # also writes k, v into `slow`
         pool.kv.copy_(slow.kv)
-        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+        plan = tile_plan(block_table_tensor([s.block_table for s in seqs], pool.kv.device), torch.tensor([s.start for s in seqs]),
                          torch.tensor([s.num_new for s in seqs]), 4, GQA.num_kv_heads, block_q, pages_per_tile)
         got = tiled_attention(q, pool.kv[0], plan)
         assert torch.allclose(got, want, atol=1e-5), (seed, (got - want).abs().max())
@@ -120,19 +126,19 @@ def test_tiles_read_only_the_pages_of_each_request(block_q, pages_per_tile):
         held = {p for s in seqs for p in s.block_table}
         pool.kv.copy_(slow.kv)
         pool.kv[:, :, [p for p in range(256) if p not in held]] = float("nan")
-        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+        plan = tile_plan(block_table_tensor([s.block_table for s in seqs], pool.kv.device), torch.tensor([s.start for s in seqs]),
                          torch.tensor([s.num_new for s in seqs]), 4, GQA.num_kv_heads, block_q, pages_per_tile)
         assert torch.allclose(tiled_attention(q, pool.kv[0], plan), want, atol=1e-5)
 
 
 def test_slot_mapping_tensor_equals_python_slots():
-    """PagePool.slot_mapping (one tensor operation) gives pool.slots' numbers for every token of every request."""
+    """slot_mapping (one tensor operation) gives pool.slots' numbers for every token of every request."""
     pool = PagePool(GQA, 256, 4)
     seqs = random_batch(5, "mixed", 4)
-    tables = pool.block_table_tensor([s.block_table for s in seqs])
+    tables = block_table_tensor([s.block_table for s in seqs], pool.kv.device)
     for b, s in enumerate(seqs):
         positions = torch.arange(s.end)
-        got = pool.slot_mapping(tables, torch.full_like(positions, b), positions)
+        got = slot_mapping(tables, 4, torch.full_like(positions, b), positions)
         assert got.tolist() == pool.slots(s.block_table, 0, s.end)
     step = PagedStep(pool, seqs)
     assert step.slot_mapping.tolist() == [x for s in seqs for x in pool.slots(s.block_table, s.start, s.end)]
@@ -142,15 +148,16 @@ def test_slot_mapping_tensor_equals_python_slots():
 @pytest.mark.parametrize("phase", ["prefill", "mixed", "decode"])
 @pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
 @pytest.mark.parametrize("num_seqs", [3, CPU_TILES_MIN_BATCH], ids=["per-request", "tiles"])
-def test_attend_last_equals_the_last_rows_of_attend(phase, config, num_seqs):
-    """attend_last (each request's last query only) gives attend's output at last_rows and writes the same K/V."""
+def test_attend_last_only_equals_the_last_rows_of_attend(phase, config, num_seqs):
+    """attend(last_only=True) (each request's last query only) gives attend's output at last_rows and
+    writes the same K/V."""
     for seed in range(3):
         full, last, _ = three_pools(config, 4, seed)
         seqs = random_batch(40 + seed, phase, 4, num_seqs=num_seqs)
         q, k, v = qkv(config, seqs)
         want = PagedStep(full, seqs).attend(1, q, k, v)
         step = PagedStep(last, seqs)
-        got = step.attend_last(1, q[step.last_rows], k, v)
+        got = step.attend(1, q[step.last_rows], k, v, last_only=True)
         assert step.last_rows.tolist() == [sum(s.num_new for s in seqs[: b + 1]) - 1 for b in range(len(seqs))]
         assert torch.allclose(got, want[step.last_rows], atol=1e-5), (seed, (got - want[step.last_rows]).abs().max())
         assert torch.equal(full.kv, last.kv)
@@ -158,13 +165,15 @@ def test_attend_last_equals_the_last_rows_of_attend(phase, config, num_seqs):
 
 @pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
 def test_values_summed_from_the_pool_equal_the_gathered_product(config):
-    """weighted_values (embedding_bag over pool rows, decode) equals gathering the values and multiplying."""
+    """weighted_values in decode (embedding_bag over pool rows) equals gathering the values and multiplying."""
     for seed in range(3):
         pool, _, _ = three_pools(config, 4, seed)
         seqs = random_batch(50 + seed, "decode", 4)
-        plan = tile_plan(pool.block_table_tensor([s.block_table for s in seqs]), torch.tensor([s.start for s in seqs]),
+        plan = tile_plan(block_table_tensor([s.block_table for s in seqs], pool.kv.device), torch.tensor([s.start for s in seqs]),
                          torch.tensor([s.num_new for s in seqs]), 4, config.num_kv_heads, 1, 1)
         R = config.num_heads // config.num_kv_heads
         probs = torch.rand(len(plan.tile_block), config.num_kv_heads, R, plan.block_k)  # (n_tiles, KVH, R, Bk)
         got = weighted_values(probs, pool.kv[0, 1], plan)
-        assert torch.allclose(got, weighted_values_reference(probs, pool.kv[0, 1], plan), atol=1e-5)
+        D = config.head_dim
+        values = pool.kv[0, 1].reshape(-1, D)[plan.kv_rows].view(len(plan.tile_block), config.num_kv_heads, plan.block_k, D)
+        assert torch.allclose(got, probs @ values, atol=1e-5)

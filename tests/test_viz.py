@@ -7,9 +7,9 @@ from unittest import mock
 import pytest
 from matplotlib.colors import to_rgb
 
-from minikv.events import Event as E
-from minikv.events import EventLog
-from minikv.response import Response, Usage
+from minikv.engine.events import Event as E
+from minikv.engine.events import EventLog
+from minikv.engine.request import Response, Usage
 from minikv.viz import (PageStatus, ReplayWidget, describe, find_event, frame_indices, page_map, page_styles,
                         queues_at, replay, stage_spans, tenant_colours, timeline, ttft_plot)
 from minikv.viz.demo import MINIATURE_INCIDENT, MINIATURE_POOLS
@@ -119,10 +119,10 @@ def test_replay_accepts_an_event_log():
 
 def test_replay_matches_the_real_engine_pool_at_every_step(tiny):
     """Owners and block tables rebuilt from the log equal the engine's own after every step."""
-    from minikv.config import EngineConfig
-    from minikv.engine import Engine
-    from minikv.request import Request
-    from minikv.workload import Note, note_prompt
+    from minikv.engine.config import EngineConfig
+    from minikv.engine.engine import Engine
+    from minikv.engine.request import Request
+    from minikv.attacks.workload import Note, note_prompt
 
     model, tok = tiny
     engine = Engine(model, tok, EngineConfig(num_pages=6, page_size=8))
@@ -131,7 +131,7 @@ def test_replay_matches_the_real_engine_pool_at_every_step(tiny):
     while engine.has_work():
         engine.step()
         state = replay(engine.log, engine.pool.num_pages)["single"]
-        assert state.owner == tuple(engine.pool.owner)
+        assert state.owner == tuple(engine.pool.owner_of(p) for p in range(engine.pool.num_pages))
         assert dict(state.block_tables) == {s.request_id: tuple(s.block_table) for s in engine.scheduler.running}
     assert engine.log.of_kind("preempt"), "the pool is small enough that someone is preempted"
     assert replay(engine.log, 6)["single"].pages(PageStatus.STALE)

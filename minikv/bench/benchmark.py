@@ -34,11 +34,11 @@ from minikv.bench import prefix, systems
 from minikv.bench.roofline import measure_roofline, paged_step
 from minikv.bench.report import BenchReport, describe_machine, summarize
 from minikv.bench.systems import BenchRequest, Completion, Run
-from minikv.contiguous_cache import ContiguousCache
+from minikv.model.contiguous_cache import ContiguousCache
 from minikv.disagg.switches import SafetySwitches
-from minikv.kv_accounting import KVMemoryUse, contiguous_use, paged_use
-from minikv.model import Llama
-from minikv.workload import TENANTS, document_sentence, make_prompt, random_note
+from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
+from minikv.model.llama import Llama
+from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
 
 PAGE_SIZE = 16  # the engine's default
 OUTPUT_BUDGETS = (16, 32, 64)  # max_tokens: most replies end with EOS before, some are cut short
@@ -188,7 +188,7 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     """
     from tqdm.auto import tqdm
 
-    from minikv.checkpoint import to_hf_model
+    from minikv.model.checkpoint import to_hf_model
 
     device, machine = describe_machine(model.device)
     timing = (f"median of {settings.timed_runs} timed runs per system, ratios the median of the ratios within "

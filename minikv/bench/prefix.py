@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.config import EngineConfig
-from minikv.engine import Engine
-from minikv.model import Llama
-from minikv.request import Request
-from minikv.workload import TENANTS, document_sentence, make_prompt, random_note
+from minikv.engine.config import EngineConfig
+from minikv.engine.engine import Engine
+from minikv.model.llama import Llama
+from minikv.engine.request import Request
+from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
 
 APPS = ("helpdesk", "notes")  # two applications, each with its own system prompt
 SYSTEM_PROMPT_CHARS = 700

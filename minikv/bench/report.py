@@ -15,7 +15,7 @@ import torch
 
 from minikv.bench.roofline import Roofline
 from minikv.bench.systems import Run
-from minikv.kv_accounting import KVMemoryUse
+from minikv.bench.memory import KVMemoryUse
 
 JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
 RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",

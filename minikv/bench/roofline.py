@@ -19,9 +19,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from minikv.model import Llama, ModelConfig
-from minikv.page_pool import PagePool
-from minikv.paged_attention import PagedStep, SeqSlice
+from minikv.model.llama import Llama, ModelConfig
+from minikv.engine.page_pool import PagePool
+from minikv.engine.paged_step import PagedStep, SeqSlice
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_
     `attended_keys`: the (query, key) pairs attention computes, summed over the batch (a decode
     query over a context of S tokens is S pairs; a causal prompt of T tokens is T(T+1)/2).
     `last_keys`: when the last layer runs only the `num_logits` kept rows (Llama.forward with the
-    backend's `last_rows`), the pairs its attention computes (each request's context length);
+    `last_layer_on_logits_only`), the pairs its attention computes (each request's context length);
     that layer then runs its fused qkv projection for every token (K and V are kept) and the
     rest for the kept rows only. None: every layer runs every token.
     """
@@ -123,7 +123,8 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
     @torch.inference_mode()
     def run() -> list[int]:
         step = PagedStep(pool, slices)
-        return model(ids, step.positions, step, logits_index=step.last_rows).argmax(-1).tolist()  # as the engine runs
+        logits = model(ids, step.positions, step, logits_index=step.last_rows, last_layer_on_logits_only=True)
+        return logits.argmax(-1).tolist()  # as the engine runs
 
     return run
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minikv.contiguous_cache import ContiguousCache
-from minikv.model import Llama
+from minikv.model.contiguous_cache import ContiguousCache
+from minikv.model.llama import Llama
 
 
 @dataclass

@@ -25,14 +25,14 @@ import torch
 from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from minikv.config import EngineConfig
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
-from minikv.model import Llama
-from minikv.request import Request
+from minikv.engine.engine import Engine
+from minikv.model.llama import Llama
+from minikv.engine.request import Request
 from minikv.bench.static_batch import generate_static_batch
-from minikv.tokenizer import decode, encode_text
+from minikv.model.tokenizer import decode, encode_text
 
 TENANT = "bench"
 

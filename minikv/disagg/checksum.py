@@ -15,7 +15,7 @@ import zlib
 import torch
 from torch import Tensor
 
-from minikv.page_pool import PagePool
+from minikv.engine.page_pool import PagePool
 
 MOD_ADLER = 65521
 INT64_MAX = 2**63 - 1

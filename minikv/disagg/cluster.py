@@ -15,26 +15,25 @@ import copy
 import itertools
 import time
 from dataclasses import dataclass
-from http import HTTPStatus
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.admission import check_at_door
-from minikv.audit import OwnershipAudit
-from minikv.devices import pick_device
 from minikv.disagg.decode_node import DecodeNode
+from minikv.disagg.node import Node
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVManager
-from minikv.events import Clock, Event, EventLog
-from minikv.front_door import FrontDoor
-from minikv.model import Llama
-from minikv.page_pool import PagePool
-from minikv.prefix_cache import request_page_keys
-from minikv.request import Request, Sequence
-from minikv.response import Response, Usage
-from minikv.tokenizer import decode
+from minikv.disagg.transfer.base import KVTransfer
+from minikv.disagg.transfer.inprocess import KVManager
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.engine import pool_and_audit
+from minikv.engine.events import Clock, EventLog
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.page_pool import PagePool
+from minikv.engine.prefix_cache import request_page_keys
+from minikv.engine.request import Finished, Request, Sequence
+from minikv.model.devices import pick_device
+from minikv.model.llama import Llama
 
 POST_FIX_PREFILL_PAGES = 125  # about 2.04 million / 1,024 = 1,992 tokens, in whole pages of 16: 2,000
 
@@ -112,14 +111,28 @@ def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, tor
     return model.device, model.device
 
 
-def decode_response(tokenizer: PreTrainedTokenizerBase, seq: Sequence, status: int, error: str | None) -> Response:
-    """The client's response for a request that left the decode node with `status`."""
-    ok = status == HTTPStatus.OK
-    out = [t for t in seq.output_ids if t != tokenizer.eos_token_id] if ok else []
-    return Response(seq.request_id, seq.tenant, status, decode(tokenizer, out),
-                    Usage(len(seq.prompt_ids), len(seq.output_ids) if ok else 0, seq.cached_tokens if ok else 0),
-                    seq.first_token_s if ok else None, list(seq.token_times_s), error,
-                    seq.finish_reason, seq.client_request_id)
+def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
+              device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
+    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as SGLang)."""
+    pages = config.prefill_pages if role == "prefill" else config.decode_pages
+    return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
+                          role == "prefill" and config.prefix_caching, switches.scrub_on_free)
+
+
+def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
+               switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
+               audit: OwnershipAudit | None) -> Node:
+    """The prefill or the decode node over its pool (`node_pool`) and its side of any transfer backend:
+    the one place either is built, for `Cluster` and for a worker process of `DistCluster`."""
+    if role == "prefill":
+        return PrefillNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
+                           config.context_len)
+    return DecodeNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+
+
+def transfer_cap(config: ClusterConfig, switches: SafetySwitches) -> int | None:
+    """Pages per transfer batch: capped when `transfer_batch_cap` is on, else one batch per room."""
+    return config.transfer_batch_cap_pages if switches.transfer_batch_cap else None
 
 
 class Cluster(FrontDoor):
@@ -127,35 +140,24 @@ class Cluster(FrontDoor):
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches()) -> None:
-        if switches.startup_check:
-            problem = startup_problem(config)
-            if problem:
-                raise StartupRefused(problem)
-        super().__init__()
-        self.config, self.switches, self.tokenizer = config, switches, tokenizer
-        self.log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        self.clock = Clock()  # the cluster's one clock: nodes step by it, the fabric lands by it
-        dev_p, dev_d = pick_devices(config, model)
-        model_p = model if model.device == dev_p else copy.deepcopy(model).to(dev_p)
-        model_d = model if model.device == dev_d else copy.deepcopy(model).to(dev_d)
-        mc, ps = model.config, config.page_size
-        self.prefill_pool = PagePool(mc, config.prefill_pages, ps, dev_p, model.dtype, switches.scrub_on_free,
-                                     prefix_caching=config.prefix_caching)
-        self.decode_pool = PagePool(mc, config.decode_pages, ps, dev_d, model.dtype, switches.scrub_on_free)
-        audit = lambda pool, node: OwnershipAudit(pool.num_pages * ps, ps, node, pool.kv.device) if config.audit else None
-        self.prefill_audit, self.decode_audit = audit(self.prefill_pool, "prefill"), audit(self.decode_pool, "decode")
-        for pool, pool_audit in ((self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit)):
-            if pool_audit is not None:
-                pool.on_scrub = pool_audit.forget  # a scrubbed slot was written by nobody
+        if switches.startup_check and (problem := startup_problem(config)):
+            raise StartupRefused(problem)
+        # the cluster's one clock: nodes step by it, the fabric lands by it
+        super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit), Clock(), "door")
+        self.switches = switches
+        devices = pick_devices(config, model)
+        models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
+        (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = (
+            node_pool(role, model, config, switches, d) for role, d in zip(("prefill", "decode"), devices))
         self.manager = KVManager(
             self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log, self.clock,
             config.transfer_base_latency, config.transfer_pages_per_tick, config.transfer_timeout_ticks,
-            config.transfer_batch_cap_pages if switches.transfer_batch_cap else None,
+            transfer_cap(config, switches),
         )
-        self.prefill = PrefillNode(model_p, self.prefill_pool, self.prefill_audit, self.log, self.manager,
-                                   switches, config.context_len, config.max_prefill_tokens)
-        self.decode = DecodeNode(model_d, self.decode_pool, self.decode_audit, self.log, self.manager,
-                                 switches, tokenizer.eos_token_id)
+        self.prefill, self.decode = (
+            build_node(role, m, tokenizer, config, switches, self.log, self.clock, self.manager, pool, audit)
+            for role, m, pool, audit in (("prefill", models[0], self.prefill_pool, self.prefill_audit),
+                                         ("decode", models[1], self.decode_pool, self.decode_audit)))
         self._rooms = itertools.count(1)
 
     @property
@@ -163,72 +165,49 @@ class Cluster(FrontDoor):
         """The cluster's clock: the tick the next step() runs."""
         return self.clock.now
 
+    def startup_log(self) -> list[str]:
+        return [pool_line(node, pool, self.config.context_len)
+                for node, pool in (("prefill", self.prefill_pool), ("decode", self.decode_pool))]
+
     def health(self) -> dict:
         return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
                 "cross_tenant_reads": self.cross_tenant_reads}
 
-    def startup_log(self) -> list[str]:
-        """What each node logs at startup: its pool size next to the context window."""
-        return [pool_line(node, pool, self.config.context_len)
-                for node, pool in (("prefill", self.prefill_pool), ("decode", self.decode_pool))]
-
     # -- requests in ---------------------------------------------------------------------------
-    def submit(self, request: Request) -> str:
-        """Check the request at the door and hand it to both nodes, or answer it 400 at once."""
-        request_id, tenant, name, ids = self._intake(request, self.check)
-        if ids is None:
-            return request_id
-        now, room = time.perf_counter(), next(self._rooms)
-        halves = []
-        for _ in range(2):  # each node keeps its own copy of the request, as separate servers do
-            halves.append(Sequence(request_id, tenant, list(ids), request.max_tokens, request.sampling, now,
-                                   generator=request.sampling.new_generator(), client_request_id=name, room=room))
-        halves[1].uid = halves[0].uid  # one identity for the audit on both pools
-        self.manager.open_room(room, request_id, tenant, halves[0].uid)
+    def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
+        """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
+        keeps its own copy, as separate servers do. The decode copy is the one the client follows."""
+        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), room=next(self._rooms))
+        decode_half = seq.copy_for_node()  # one identity (uid) for the audit on both pools
+        self.manager.open_room(seq.room, request_id, seq.tenant, seq.uid)
         if self.config.prefix_caching:
-            halves[0].cache_keys = request_page_keys(ids, self.config.page_size, tenant, request.cache_salt,
-                                                     self.switches.cache_salt)
+            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
+                                               self.switches.cache_salt)
         for audit in (self.prefill_audit, self.decode_audit):
             if audit is not None:
-                audit.register(halves[0].uid, request_id, tenant, ids)
-        self.log.add(Event(self.tick, "door", "submit", request_id, tenant, (), f"{len(ids)} prompt tokens"))
-        self.prefill.add(halves[0], self.tick)
-        self.decode.add(halves[1], self.tick)
-        return request_id
+                audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
+        self.prefill.add(seq)
+        self.decode.add(decode_half)
+        return decode_half
 
-    def check(self, request: Request) -> list[int]:
-        """The front door's checks (shape and the advertised window): the prompt's token ids, or Rejected."""
-        return check_at_door(request, self.tokenizer, self.config.context_len)
-
-    def _log_refusal(self, request_id: str, tenant: str, reason: str) -> None:
-        self.log.add(Event(self.tick, "door", "reject", request_id, tenant, (), reason))
-
-    def cancel(self, request_id: str) -> bool:
-        """The client went away. Both nodes see finished() at their next gate and retire it."""
-        found = [node.cancel(request_id) for node in (self.prefill, self.decode)]
-        if any(found):
-            self.log.add(Event(self.tick, "door", "cancel", request_id, self._tenant_of[request_id], (), "client cancelled"))
-        return any(found)
-
-    def output_ids(self, request_id: str) -> list[int]:
-        """Tokens generated so far for a request still being served (decode generates them); [] otherwise."""
-        return self.decode.output_ids(request_id)
+    def _cancel(self, seq: Sequence) -> None:
+        """Both nodes see finished() at their next gate and retire it."""
+        if any([node.cancel(seq.request_id) for node in (self.prefill, self.decode)]):
+            self._event("cancel", seq.request_id, seq.tenant, "client cancelled")
 
     # -- the clock -----------------------------------------------------------------------------
-    def _busy(self) -> bool:
-        return bool(self.prefill.live() or self.decode.live() or self.manager.posted)
+    def has_work(self) -> bool:
+        """A request is held, or pages are still held or on the wire (a cancelled request's)."""
+        return super().has_work() or bool(self.prefill.live() or self.decode.live() or self.manager.posted)
 
-    def _advance(self) -> None:
+    def _advance(self) -> list[Finished]:
         """One tick: prefill node, decode node, then the fabric lands what is due."""
-        self.prefill.step(self.tick)
-        self.decode.step(self.tick)
+        self.prefill.step()
+        self.decode.step()
         self.manager.land_due()
         self.clock.advance()
-        for outcome in self.decode.take_outcomes():
-            self._answer(self._response(outcome.seq, outcome.status, outcome.error))
-
-    def _response(self, seq: Sequence, status: int, error: str | None) -> Response:
-        return decode_response(self.tokenizer, seq, status, error)
+        return self.decode.take_finished()
 
     # -- what the fuzzer checks ------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -5,7 +5,8 @@ Queues, as in SGLang's decode side:
                node **preallocates KV for the original input length plus the output**, then
                advertises those pages to prefill (send_metadata).
     transfer   polled until the KV has arrived (Success) or the transfer failed.
-    running    the decode batch: one token per step for every request, no prefill forward.
+    running    the decode batch (the scheduler's running batch): one token per step for every
+               request, no prefill forward; the scheduler's postprocess applies each step.
 
 Pages are reserved whole at prealloc, so a running request never needs another page. What the
 node checks before decoding over pages it never wrote itself is up to the switches:
@@ -24,32 +25,15 @@ through. `kv_checksum` still catches it by the token count (1 sent, 8 in the pro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from http import HTTPStatus
 
-from minikv.audit import OwnershipAudit
 from minikv.disagg.checksum import kv_checksum
 from minikv.disagg.node import Node
-from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVManager, KVPoll, KVReceiver
-from minikv.events import EventLog
-from minikv.model import Llama
-from minikv.model_runner import ModelRunner
-from minikv.page_pool import PagePool
-from minikv.postprocess import Sampled, postprocess
-from minikv.request import Sequence, SeqStatus
-from minikv.response import CLIENT_CLOSED_REQUEST
+from minikv.disagg.transfer.base import KVPoll, KVReceiver
+from minikv.engine.model_runner import Sampled
+from minikv.engine.request import CLIENT_CLOSED_REQUEST, Finished, Sequence, SeqStatus
 
 CANARY = -1234.5  # a value no real key or value will hold
-
-
-@dataclass
-class Outcome:
-    """How a request left the decode node: the status, and the error when not 200."""
-
-    seq: Sequence
-    status: int
-    error: str | None = None
 
 
 class DecodeNode(Node):
@@ -57,35 +41,34 @@ class DecodeNode(Node):
 
     name = "decode"
 
-    def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog,
-                 manager: KVManager, switches: SafetySwitches, eos_id: int) -> None:
-        super().__init__(pool, audit, log, manager, switches)
-        self.eos_id = eos_id
-        self.runner = ModelRunner(model, pool, audit, log, "decode")
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.prealloc_queue: list[Sequence] = []
         self.transfer_queue: list[Sequence] = []
-        self.running: list[Sequence] = []
-        self.receivers: dict[int, KVReceiver] = {}
         self.pending_release: list[Sequence] = []  # aborted, pages held until writes settle
-        self.outcomes: list[Outcome] = []  # how requests left, until the cluster takes them
+        self.finished: list[Finished] = []  # how requests left, until the front door takes them
+
+    @property
+    def running(self) -> list[Sequence]:
+        return self.scheduler.running
 
     def queues(self) -> tuple[list[Sequence], ...]:
-        return self.prealloc_queue, self.transfer_queue, self.running, self.pending_release
+        return self.prealloc_queue, self.transfer_queue, self.scheduler.running, self.pending_release
 
-    def take_outcomes(self) -> list[Outcome]:
-        """The outcomes since the last call, handed over once."""
-        out, self.outcomes = self.outcomes, []
+    def take_finished(self) -> list[Finished]:
+        """How requests left since the last call, handed over once."""
+        out, self.finished = self.finished, []
         return out
 
-    def add(self, seq: Sequence, step: int) -> None:
-        self.receivers[seq.room] = KVReceiver(self.manager, seq.room)
+    def add(self, seq: Sequence) -> None:
+        self.endpoints[seq.room] = KVReceiver(self.manager, seq.room)
         need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)
         if need > self.pool.num_pages:  # could never be preallocated: refuse rather than wait forever
-            self._abort(seq, step, HTTPStatus.BAD_REQUEST, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of KV cache; "
-                                        f"the decode node's pool holds at most {self.pool.capacity_tokens} tokens")
+            self._abort(seq, HTTPStatus.BAD_REQUEST, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of "
+                        f"KV cache; the decode node's pool holds at most {self.pool.capacity_tokens} tokens")
             return
         self.prealloc_queue.append(seq)
-        self._stage(step, seq, "prealloc")
+        self._stage(seq, "prealloc")
 
     def gate(self, seq: Sequence) -> tuple[int, str] | None:
         """The decode-side abort scan: None to go on, else (status, reason) to retire `seq`.
@@ -100,67 +83,65 @@ class DecodeNode(Node):
         return None
 
     # -- one step ----------------------------------------------------------------------------
-    def step(self, step: int) -> None:
+    def step(self) -> None:
         """One tick. The running batch decodes first; requests whose KV arrived join it on the
         next tick (the batch is formed when the step starts)."""
-        self._release_settled(step)
-        self._prealloc(step)
-        self._decode(step)
-        self._poll_transfers(step)
+        self._release_settled()
+        self._prealloc()
+        self._decode()
+        self._poll_transfers()
 
-    def _prealloc(self, step: int) -> None:
+    def _prealloc(self) -> None:
         for seq in list(self.prealloc_queue):
-            retire = self.gate(seq)
+            receiver = self.endpoints[seq.room]
+            retire = self.gate(seq) or self._failure(receiver, receiver.poll())
             if retire:
                 self.prealloc_queue.remove(seq)
-                self._abort(seq, step, *retire)
-                continue
-            receiver = self.receivers[seq.room]
-            if receiver.poll() is KVPoll.Failed:
-                self.prealloc_queue.remove(seq)
-                t = receiver.transfer
-                self._abort(seq, step, t.failure_status, t.failure)
+                self._abort(seq, *retire)
                 continue
             need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)  # the ORIGINAL length
             if not self.pool.can_allocate(need):
                 continue  # wait for pages; first come, first served is kept by the loop order
             seq.block_table = self.pool.allocate(need, seq.request_id)
-            self._event(step, "allocate", seq, seq.block_table,
+            self._event("allocate", seq, seq.block_table,
                         f"decode reserved {need} pages for {len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:
                 self.pool.kv[:, :, seq.block_table] = CANARY  # poison: must be overwritten by the transfer
             receiver.send_metadata(seq.block_table)
             self.prealloc_queue.remove(seq)
             self.transfer_queue.append(seq)
-            self._stage(step, seq, "transfer")
+            self._stage(seq, "transfer")
 
-    def _poll_transfers(self, step: int) -> None:
+    @staticmethod
+    def _failure(receiver: KVReceiver, state: KVPoll) -> tuple[int, str] | None:
+        """(status, reason) of a failed transfer; None while it has not failed."""
+        if state is not KVPoll.Failed:
+            return None
+        return receiver.transfer.failure_status, receiver.transfer.failure
+
+    def _poll_transfers(self) -> None:
         for seq in list(self.transfer_queue):
-            receiver = self.receivers[seq.room]
+            receiver = self.endpoints[seq.room]
             state = receiver.poll()
-            retire = self.gate(seq)
+            retire = self.gate(seq) or self._failure(receiver, state)
             if retire:
                 self.transfer_queue.remove(seq)
-                self._abort(seq, step, *retire)
-            elif state is KVPoll.Failed:
-                self.transfer_queue.remove(seq)
-                t = receiver.transfer
-                self._abort(seq, step, t.failure_status, t.failure)
+                self._abort(seq, *retire)
             elif state is KVPoll.Success:
                 self.transfer_queue.remove(seq)
                 problem = self.verify(seq, receiver)
                 if problem:
-                    self._abort(seq, step, HTTPStatus.INTERNAL_SERVER_ERROR, problem)
+                    self._abort(seq, HTTPStatus.INTERNAL_SERVER_ERROR, problem)
                     continue
                 shipment = receiver.transfer.shipment
                 if shipment.sampler_state is not None:  # go on with the random stream prefill drew from
                     seq.generator.set_state(shipment.sampler_state)
                 seq.cached_tokens = shipment.cached_tokens
                 seq.status = SeqStatus.RUNNING
-                self.running.append(seq)
-                self._stage(step, seq, "running")
+                self.scheduler.running.append(seq)
+                self._stage(seq, "running")
                 # the node now believes the whole prompt is cached; the first token reaches the client
-                self._postprocess(step, [seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)])
+                self._end(self.scheduler.postprocess([seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)]))
 
     def verify(self, seq: Sequence, receiver: KVReceiver) -> str | None:
         """Checks before decoding over KV this node did not compute; the reason if one fails."""
@@ -181,51 +162,44 @@ class DecodeNode(Node):
                         f"their KV never arrived")
         return None
 
-    def _decode(self, step: int) -> None:
-        for seq in list(self.running):
+    def _decode(self) -> None:
+        for seq in list(self.scheduler.running):
             retire = self.gate(seq)
             if retire:
-                self.running.remove(seq)
-                self._abort(seq, step, *retire)
-        batch = [s for s in self.running if s.status is SeqStatus.RUNNING]
-        if not batch:
+                self.scheduler.running.remove(seq)
+                self._abort(seq, *retire)
+        batch = self.scheduler.schedule_decode()
+        if batch is None:
             return
-        sampled = self.runner.run(step, "decode", batch, [[s.output_ids[-1]] for s in batch])
-        self._postprocess(step, batch, sampled, [1] * len(batch))
-
-    def _postprocess(self, step: int, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> None:
-        def finish(seq: Sequence) -> None:
-            self.running.remove(seq)
-            self._event(step, "finish", seq, (), seq.finish_reason)
-            self._leave(seq, step, f"finished ({seq.finish_reason})")
-            self.outcomes.append(Outcome(seq, HTTPStatus.OK))
-
-        def fail(seq: Sequence, reason: str) -> None:
-            self.running.remove(seq)
-            self._abort(seq, step, HTTPStatus.INTERNAL_SERVER_ERROR, reason)
-
-        postprocess(seqs, sampled, num_new, self.eos_id, finish, fail)
+        sampled = self.runner.run(self.clock.now, "decode", batch.seqs, batch.new_tokens)
+        self._end(self.scheduler.postprocess(batch.seqs, sampled, [1] * len(batch.seqs)))
 
     # -- leaving ------------------------------------------------------------------------------
-    def _abort(self, seq: Sequence, step: int, status: int, reason: str) -> None:
+    def _end(self, ended: list[Finished]) -> None:
+        """What the scheduler's postprocess says ended: a 200 leaves at once, a failure is aborted."""
+        for f in ended:
+            self.scheduler.running.remove(f.seq)
+            if f.status != HTTPStatus.OK:
+                self._abort(f.seq, f.status, f.error)
+                continue
+            self._event("finish", f.seq, (), f.seq.finish_reason)
+            self._release(f.seq, f"finished ({f.seq.finish_reason})")
+            self.finished.append(f)
+
+    def _abort(self, seq: Sequence, status: int, reason: str) -> None:
         seq.finish_reason = "abort"
         seq.status = SeqStatus.FINISHED
-        self.receivers[seq.room].abort(reason, status)
-        self._event(step, "finish", seq, (), f"aborted ({int(status)}): {reason}")
-        self.outcomes.append(Outcome(seq, status, reason))
+        self.endpoints[seq.room].abort(reason, status)
+        self._event("finish", seq, (), f"aborted ({int(status)}): {reason}")
+        self.finished.append(Finished(seq, status, reason))
         if seq.block_table and self.switches.deferred_release and not self.manager.settled(seq.room):
             self.pending_release.append(seq)
-            self._event(step, "hold", seq, seq.block_table, "deferred release: writes still in flight")
+            self._event("hold", seq, seq.block_table, "deferred release: writes still in flight")
             return
-        self._leave(seq, step, "aborted")
+        self._release(seq, "aborted")
 
-    def _release_settled(self, step: int) -> None:
+    def _release_settled(self) -> None:
         for seq in list(self.pending_release):
             if self.manager.settled(seq.room):
                 self.pending_release.remove(seq)
-                self._leave(seq, step, "deferred release: no write in flight any more")
-
-    def _leave(self, seq: Sequence, step: int, reason: str) -> None:
-        """The decode half is done: free its pages and close its end of the room."""
-        self._free(seq, step, reason)
-        self.receivers.pop(seq.room).close()
+                self._release(seq, "deferred release: no write in flight any more")

@@ -1,25 +1,40 @@
-"""What the prefill and decode nodes share: their event helpers, cancel, and freeing a request's pages."""
+"""What the prefill and decode nodes share.
+
+Each node owns its pool and audit, a `Scheduler` for its waiting or running batch, a
+`ModelRunner`, and its end of the KV transfer (any backend of transfer/base.py).
+cluster.build_node makes either one, the same way for `Cluster` (both in this process) and for
+a worker process of `DistCluster`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from minikv.audit import OwnershipAudit
+from transformers import PreTrainedTokenizerBase
+
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVManager
-from minikv.events import Event, EventLog
-from minikv.page_pool import PagePool
-from minikv.request import Sequence, SeqStatus
+from minikv.disagg.transfer.base import KVEndpoint, KVTransfer
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.events import Clock, Event, EventLog
+from minikv.engine.model_runner import ModelRunner
+from minikv.engine.page_pool import PagePool
+from minikv.engine.request import Sequence
+from minikv.engine.scheduler import Scheduler
+from minikv.model.llama import Llama
 
 
 class Node:
-    """One worker of the pair: its name, its pool and audit, the fabric, and its queues."""
+    """One worker of the pair: its name, pool, audit, scheduler, runner, and transfer endpoints."""
 
     name = "node"
 
-    def __init__(self, pool: PagePool, audit: OwnershipAudit | None, log: EventLog, manager: KVManager,
-                 switches: SafetySwitches) -> None:
-        self.pool, self.audit, self.log, self.manager, self.switches = pool, audit, log, manager, switches
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
+                 log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches,
+                 max_prefill_tokens: int) -> None:
+        self.pool, self.audit, self.log, self.clock, self.manager, self.switches = pool, audit, log, clock, manager, switches
+        self.scheduler = Scheduler(pool, log, self.name, clock, tokenizer, max_prefill_tokens)
+        self.runner = ModelRunner(model, pool, audit, log, self.name)
+        self.endpoints: dict[int, KVEndpoint] = {}  # room -> this node's end of the transfer
 
     def queues(self) -> tuple[list[Sequence], ...]:
         """Every queue that holds this node's live requests."""
@@ -29,14 +44,6 @@ class Node:
         """Ids of the requests this node still holds."""
         return (seq.request_id for q in self.queues() for seq in q)
 
-    def output_ids(self, request_id: str) -> list[int]:
-        """Tokens generated so far for a request this node holds; [] if it holds none."""
-        for q in self.queues():
-            for seq in q:
-                if seq.request_id == request_id:
-                    return list(seq.output_ids)
-        return []
-
     def live(self) -> int:
         return sum(len(q) for q in self.queues())
 
@@ -44,28 +51,25 @@ class Node:
         """Pool bookkeeping is consistent and every page owner is a request this node still holds."""
         self.pool.check_integrity()
         live = set(self.live_ids())
-        for p, owner in enumerate(self.pool.owner):
+        for p in range(self.pool.num_pages):
+            owner = self.pool.owner_of(p)
             assert owner is None or owner in live, f"{self.name} page {p} owned by {owner}, which this node does not hold"
 
     def cancel(self, request_id: str) -> bool:
         """Mark the request finished (abort); the node's gates retire it at their next scan."""
-        for q in self.queues():
-            for seq in q:
-                if seq.request_id == request_id and not seq.finished():
-                    seq.finish_reason = "abort"
-                    return True
+        for seq in (s for q in self.queues() for s in q if s.request_id == request_id and not s.finished()):
+            seq.finish_reason = "abort"
+            return True
         return False
 
-    def _event(self, step: int, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
-        self.log.add(Event(step, self.name, kind, seq.request_id, seq.tenant, tuple(pages), detail))
+    def _event(self, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
+        self.log.add(Event(self.clock.now, self.name, kind, seq.request_id, seq.tenant, tuple(pages), detail))
 
-    def _stage(self, step: int, seq: Sequence, stage: str) -> None:
-        self._event(step, "stage", seq, (), f"{self.name}.{stage}")
+    def _stage(self, seq: Sequence, stage: str) -> None:
+        self._event("stage", seq, (), f"{self.name}.{stage}")
 
-    def _free(self, seq: Sequence, step: int, reason: str) -> None:
-        """`seq` leaves this node: its pages (if any) go back to the free list, unscrubbed."""
-        if seq.block_table:
-            self._event(step, "free", seq, seq.block_table, reason)
-            self.pool.free(seq.block_table, seq.request_id)
-            seq.block_table = []
-        seq.status = SeqStatus.FINISHED
+    def _release(self, seq: Sequence, reason: str) -> None:
+        """`seq` leaves this node: its pages go back (unscrubbed) and its end of the room closes."""
+        self.scheduler.release(seq, reason)
+        self.endpoints.pop(seq.room).close()
+

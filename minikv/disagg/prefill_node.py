@@ -4,7 +4,8 @@ Queues, as in SGLang's prefill side:
     bootstrap  the request arrives, is checked against the pool, gets a KVSender, and waits
                until the decode side has advertised its pages; then the transfer is sized
                from the request's *own* input length.
-    waiting    the prefill forward runs (continuous batching over this node's pool).
+    waiting    the prefill forward runs (the scheduler's waiting queue: continuous batching
+               over this node's pool).
     inflight   the KV is on the wire; polled until Success, then the pages are freed.
 
 The intake check (`check_intake`) is faithful to the real engine: an input longer than
@@ -23,16 +24,17 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
-from minikv.audit import OwnershipAudit
+from transformers import PreTrainedTokenizerBase
+
 from minikv.disagg.checksum import kv_checksum
 from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVManager, KVPoll, KVSender, Shipment
-from minikv.events import EventLog
-from minikv.model import Llama
-from minikv.model_runner import ModelRunner
-from minikv.page_pool import PagePool
-from minikv.request import Sequence, SeqStatus
+from minikv.disagg.transfer.base import KVPoll, KVSender, KVTransfer, Shipment
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.events import Clock, EventLog
+from minikv.engine.page_pool import PagePool
+from minikv.engine.request import Sequence
+from minikv.model.llama import Llama
 
 PLACEHOLDER_IDS = [0]  # "to skip the long prefill": token 0, which here is "\n"
 
@@ -42,22 +44,24 @@ class PrefillNode(Node):
 
     name = "prefill"
 
-    def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog,
-                 manager: KVManager, switches: SafetySwitches, context_len: int, max_prefill_tokens: int) -> None:
-        super().__init__(pool, audit, log, manager, switches)
-        self.context_len, self.max_prefill_tokens = context_len, max_prefill_tokens
-        self.runner = ModelRunner(model, pool, audit, log, "prefill")
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
+                 log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches, max_prefill_tokens: int,
+                 context_len: int) -> None:
+        super().__init__(model, tokenizer, pool, audit, log, clock, manager, switches, max_prefill_tokens)
+        self.context_len = context_len
         self.bootstrap_queue: list[Sequence] = []
-        self.waiting_queue: list[Sequence] = []
         self.inflight_queue: list[Sequence] = []
-        self.senders: dict[int, KVSender] = {}
+
+    @property
+    def waiting_queue(self):
+        return self.scheduler.waiting
 
     @property
     def max_input_len(self) -> int:
         return min(self.context_len - 1, self.pool.capacity_tokens - 1)
 
     def queues(self) -> tuple[list[Sequence], ...]:
-        return self.bootstrap_queue, self.waiting_queue, self.inflight_queue
+        return self.bootstrap_queue, self.scheduler.waiting, self.scheduler.running, self.inflight_queue
 
     # -- intake ------------------------------------------------------------------------------
     def check_intake(self, seq: Sequence) -> None:
@@ -69,97 +73,76 @@ class PrefillNode(Node):
             seq.prompt_ids = list(PLACEHOLDER_IDS)
             seq.cache_keys = []  # the keys named the prompt that was swapped out
 
-    def add(self, seq: Sequence, step: int) -> None:
+    def add(self, seq: Sequence) -> None:
         self.check_intake(seq)
         if seq.to_finish:
-            self._event(step, "reject", seq, (), f"marked for abort (400): {seq.to_finish}; input swapped for a 1-token placeholder")
-        self.senders[seq.room] = KVSender(self.manager, seq.room)
+            self._event("reject", seq, (), f"marked for abort (400): {seq.to_finish}; input swapped for a 1-token placeholder")
+        self.endpoints[seq.room] = KVSender(self.manager, seq.room)
         self.bootstrap_queue.append(seq)
-        self._stage(step, seq, "bootstrap")
+        self._stage(seq, "bootstrap")
 
-    def gate(self, seq: Sequence, step: int) -> bool:
+    def gate(self, seq: Sequence) -> bool:
         """May `seq` go on? Retires it if not. The vulnerable gate asks only finished()."""
         rejected = self.switches.reject_check and seq.to_finish is not None
         if seq.finished() or rejected:
             if rejected:
-                self.senders[seq.room].abort(seq.to_finish, status=400)
+                self.endpoints[seq.room].abort(seq.to_finish, status=400)
                 seq.finish_reason = "abort"
-                self._event(step, "finish", seq, (), f"retired at the queue gate: {seq.to_finish}")
-            self._release(seq, step)
+                self._event("finish", seq, (), f"retired at the queue gate: {seq.to_finish}")
+            self._release(seq, "released")
             return False
         return True
 
     # -- one step ----------------------------------------------------------------------------
-    def step(self, step: int) -> None:
-        self._bootstrap(step)
-        self._prefill(step)
-        self._poll_inflight(step)
+    def step(self) -> None:
+        self._bootstrap()
+        self._prefill()
+        self._poll_inflight()
 
-    def _bootstrap(self, step: int) -> None:
+    def _bootstrap(self) -> None:
         for seq in list(self.bootstrap_queue):
-            if not self.gate(seq, step):
+            if not self.gate(seq):
                 self.bootstrap_queue.remove(seq)
                 continue
-            sender = self.senders[seq.room]
+            sender = self.endpoints[seq.room]
             if sender.poll() is KVPoll.Failed:
                 self.bootstrap_queue.remove(seq)
-                self._release(seq, step)
+                self._release(seq, "released")
                 continue
             if sender.poll() is KVPoll.WaitingForInput:  # decode has preallocated and advertised
                 sender.init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
                 self.bootstrap_queue.remove(seq)
-                self.waiting_queue.append(seq)
-                self._stage(step, seq, "waiting")
+                self.scheduler.add(seq)
+                self._stage(seq, "waiting")
 
-    def _prefill(self, step: int) -> None:
-        batch, budget = [], self.max_prefill_tokens
-        for seq in list(self.waiting_queue):
-            if not self.gate(seq, step):
-                self.waiting_queue.remove(seq)
-                continue
-            hits = self.pool.cached_prefix(seq.cache_keys, len(seq.prompt_ids))
-            todo = len(seq.prompt_ids) - len(hits) * self.pool.page_size
-            need = self.pool.pages_for(len(seq.prompt_ids)) - len(hits)
-            if (batch and todo > budget) or not self.pool.can_allocate(self.pool.pages_to_take(hits, need)):
-                break  # capacity is checked on the (possibly swapped) input: the stub always fits
-            if hits:
-                self.pool.acquire(hits, seq.request_id)
-                seq.num_cached = seq.cached_tokens = len(hits) * self.pool.page_size
-                self._event(step, "cache_hit", seq, hits, f"{seq.num_cached} prompt tokens from the prefix cache")
-            seq.block_table = hits + self.pool.allocate(need, seq.request_id)
-            seq.status = SeqStatus.RUNNING
-            self._event(step, "allocate", seq, seq.block_table[len(hits):], f"{need} page(s) for {len(seq.prompt_ids)} token(s)")
-            self.waiting_queue.remove(seq)
-            batch.append(seq)
-            budget -= todo
-        if not batch:
+    def _prefill(self) -> None:
+        """The scheduler admits what fits (capacity is checked on the possibly swapped input: the
+        stub always fits); each prompt's KV and first token are then shipped."""
+        batch = self.scheduler.schedule_prefill(self.gate)
+        if batch is None:
             return
-        firsts = self.runner.run(step, "prefill", batch, [s.prompt_ids[s.num_cached :] for s in batch])
-        for seq, first in zip(batch, firsts):
+        firsts = self.runner.run(self.clock.now, "prefill", batch.seqs, batch.new_tokens)
+        self.scheduler.cache_prompt_pages(batch, firsts)
+        for seq, first in zip(batch.seqs, firsts):
+            self.scheduler.running.remove(seq)
             if first.error is not None:  # this request failed; the rest of the batch goes on
-                self.senders[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)
+                self.endpoints[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)
                 seq.finish_reason = "abort"
-                self._event(step, "finish", seq, (), f"failed (500): {first.error}")
-                self._release(seq, step)
+                self._event("finish", seq, (), f"failed (500): {first.error}")
+                self._release(seq, "released")
                 continue
             seq.num_cached = len(seq.prompt_ids)  # the forward wrote the K/V of the whole (possibly swapped) input
-            self.pool.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached)
             checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None
-            self.senders[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum,
-                                                                  sampler_state, seq.cached_tokens))
+            self.endpoints[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum,
+                                                                    sampler_state, seq.cached_tokens))
             self.inflight_queue.append(seq)
-            self._stage(step, seq, "inflight")
+            self._stage(seq, "inflight")
 
-    def _poll_inflight(self, step: int) -> None:
+    def _poll_inflight(self) -> None:
         for seq in list(self.inflight_queue):
-            state = self.senders[seq.room].poll()
+            state = self.endpoints[seq.room].poll()
             if state in (KVPoll.Success, KVPoll.Failed):
                 self.inflight_queue.remove(seq)
                 seq.finish_reason = seq.finish_reason or ("transferred" if state is KVPoll.Success else "abort")
-                self._release(seq, step)
-
-    def _release(self, seq: Sequence, step: int) -> None:
-        """The prefill half is done: free its pages and close its end of the room."""
-        self._free(seq, step, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")
-        self.senders.pop(seq.room).close()
+                self._release(seq, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")

@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 
 from minikv.exercises import expect
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool
 
 DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.int8}  # bytes per value -> a dtype that size
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from minikv.events import Event
+from minikv.engine.events import Event
 from minikv.exercises import expect
-from minikv.kv_accounting import paged_use
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool
+from minikv.bench.memory import paged_use
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool
 from minikv.viz.replay import PageStatus, replay
 
 _TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,

@@ -7,7 +7,7 @@ from typing import Callable
 
 from minikv.exercises import expect
 from minikv.exercises.nb02_page_pools import _TINY
-from minikv.page_pool import PagePool
+from minikv.engine.page_pool import PagePool
 
 
 def reserved_pages(prompt_tokens: int, max_tokens: int, page_size: int) -> int:

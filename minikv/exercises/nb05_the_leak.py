@@ -6,8 +6,8 @@ import random
 from typing import Callable
 
 from minikv.exercises import expect
-from minikv.response import Response, Usage
-from minikv.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
+from minikv.engine.request import Response, Usage
+from minikv.attacks.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
 
 
 def _ok(text: str) -> Response:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from minikv.model import ModelConfig
-from minikv.page_pool import PagePool
-from minikv.prefix_cache import page_keys
-from minikv.workload import SECRET_ALPHABET
+from minikv.model.llama import ModelConfig
+from minikv.engine.page_pool import PagePool
+from minikv.engine.prefix_cache import page_keys
+from minikv.attacks.workload import SECRET_ALPHABET
 
 _TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
                     num_kv_heads=1, head_dim=2, max_position_embeddings=8)  # only the bookkeeping matters
@@ -25,9 +25,9 @@ def cached_tokens(earlier: list[list[int]], prompt: list[int], page_size: int) -
     pool = PagePool(_TINY, sum(len(p) // page_size + 1 for p in earlier) + 1, page_size, prefix_caching=True)
     for i, ids in enumerate(earlier):
         pages = pool.allocate(pool.pages_for(len(ids)), f"r{i}")
-        pool.cache_pages(page_keys(ids, page_size), pages, len(ids))
+        pool.prefix_cache.cache_pages(page_keys(ids, page_size), pages, len(ids))
         pool.free(pages, f"r{i}")
-    return len(pool.cached_prefix(page_keys(prompt, page_size), len(prompt))) * page_size
+    return len(pool.prefix_cache.match(page_keys(prompt, page_size), len(prompt))) * page_size
 
 
 def _cache_cases(seed: int) -> list[tuple[list[list[int]], list[int], int]]:

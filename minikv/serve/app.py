@@ -26,9 +26,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minikv.request import Request
+from minikv.engine.request import Request
 from minikv.serve.auth import tenant_for
-from minikv.serve.engine_loop import EngineLoop, Outcome, Ticket
+from minikv.engine.request import Response as Answer
+from minikv.serve.engine_loop import EngineLoop, Ticket
 from minikv.serve.errors import APIError, engine_refusal
 from minikv.serve.gateway import CallRecord, GatewayLog
 from minikv.serve.schemas import (
@@ -126,21 +127,21 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
         except APIError as e:
             gateway.write(call.record(settings.model_name, e.status, 0, None, ""))
             return e.response()
-        ticket = Ticket(request, body.stop_strings(), asyncio.get_running_loop())
+        ticket = Ticket(request, body.stream, asyncio.get_running_loop())
         loop.submit(ticket)
         first = await next_update(ticket, http)
         if not body.stream and isinstance(first, str):
             first = await whole_outcome(ticket, http)
         if first is None:  # the client left before the reply was ready
             loop.cancel(ticket)
-            gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, ticket.first_token_s, ""))
+            gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, None, ""))
             return Response(status_code=499)
-        if isinstance(first, Outcome) and (first.status != HTTPStatus.OK or not body.stream):
-            call.prompt_tokens = first.prompt_tokens
-            gateway.write(call.record(settings.model_name, first.status, first.completion_tokens, first.ttft_s, first.text))
+        if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
+            call.prompt_tokens = first.usage.prompt_tokens
+            gateway.write(call.record(settings.model_name, first.status, first.usage.completion_tokens, first.ttft_s, first.text))
             if first.status != HTTPStatus.OK:
-                return engine_refusal(first.status, first.error or "", first.prompt_tokens).response()
-            usage = usage_body(first.prompt_tokens, first.completion_tokens, first.cached_tokens)
+                return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()
+            usage = usage_body(first.usage)
             return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
         events = stream_events(ticket, first, call, body, settings.model_name, loop, gateway)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -199,8 +200,8 @@ def engine_request(body: SamplingFields, tenant: str, settings: ServerSettings) 
     return to_request(body, prompt, tenant, body.max_tokens)
 
 
-async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Outcome | None:
-    """The next text delta or the Outcome; None if the client left (the caller cancels the request)."""
+async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Answer | None:
+    """The next text delta or the Answer; None if the client left (the caller cancels the request)."""
     while True:
         try:
             return await asyncio.wait_for(ticket.updates.get(), DISCONNECT_POLL_S)
@@ -209,11 +210,11 @@ async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Outcome | None
                 return None
 
 
-async def whole_outcome(ticket: Ticket, http: HTTPRequest) -> Outcome | None:
-    """Wait for the Outcome, skipping text deltas; None if the client left."""
+async def whole_outcome(ticket: Ticket, http: HTTPRequest) -> Answer | None:
+    """Wait for the Answer, skipping text deltas; None if the client left."""
     while True:
         item = await next_update(ticket, http)
-        if item is None or isinstance(item, Outcome):
+        if item is None or isinstance(item, Answer):
             return item
 
 
@@ -221,7 +222,7 @@ def sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
-async def stream_events(ticket: Ticket, first: str | Outcome, call: Call, body: SamplingFields, model: str,
+async def stream_events(ticket: Ticket, first: str | Answer, call: Call, body: SamplingFields, model: str,
                         loop: EngineLoop, gateway: GatewayLog) -> AsyncIterator[str]:
     """Server-sent events: one chunk per text delta, the finish reason, usage if asked, [DONE].
 
@@ -229,26 +230,26 @@ async def stream_events(ticket: Ticket, first: str | Outcome, call: Call, body: 
     engine request, so its pages are freed at the next step.
     """
     created, sent, outcome = int(time.time()), [], None
-    item: str | Outcome = first
+    item: str | Answer = first
     try:
         while True:
-            if isinstance(item, Outcome):
+            if isinstance(item, Answer):
                 outcome = item
-                call.prompt_tokens = outcome.prompt_tokens  # logged before the last event goes out
-                gateway.write(call.record(model, outcome.status, outcome.completion_tokens, outcome.ttft_s, outcome.text))
+                call.prompt_tokens = outcome.usage.prompt_tokens  # logged before the last event goes out
+                gateway.write(call.record(model, outcome.status, outcome.usage.completion_tokens, outcome.ttft_s, outcome.text))
                 break
             yield sse(chunk_body(call.api_id, model, call.chat, created, item, first=not sent))
             sent.append(item)
             item = await ticket.updates.get()
         if outcome.status != HTTPStatus.OK:  # failed after the first token: an error event, as vLLM sends
-            yield sse(engine_refusal(outcome.status, outcome.error or "", outcome.prompt_tokens).body())
+            yield sse(engine_refusal(outcome.status, outcome.error or "", outcome.usage.prompt_tokens).body())
         else:
             yield sse(chunk_body(call.api_id, model, call.chat, created, "", outcome.finish_reason, first=not sent))
             if body.include_usage():
-                usage = usage_body(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+                usage = usage_body(outcome.usage)
                 yield sse(chunk_body(call.api_id, model, call.chat, created, None, usage=usage))
         yield sse("[DONE]")
     finally:
         if outcome is None:  # the client went away mid-stream
             loop.cancel(ticket)
-            gateway.write(call.record(model, 499, ticket.tokens_seen, ticket.first_token_s, "".join(sent)))
+            gateway.write(call.record(model, 499, ticket.tokens_seen, None, "".join(sent)))

@@ -59,9 +59,9 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     """
     import uvicorn
 
-    from minikv.checkpoint import default_model_dir
+    from minikv.model.checkpoint import default_model_dir
     from minikv.disagg.cluster import StartupRefused
-    from minikv.disagg.dist_cluster import WorkerStartError
+    from minikv.disagg.dist.cluster import WorkerStartError
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
@@ -79,9 +79,9 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         raise ValueError(f"startup_check refused to start: {e}") from None
     except WorkerStartError as e:
         raise ValueError(f"the distributed cluster did not start: {e}") from None
-    loop = EngineLoop(backend, tokenizer)
+    loop = EngineLoop(backend)
     on = [n for n, v in switches.as_dict().items() if v]
-    lines = loop.startup_log() + [
+    lines = loop.door.startup_log() + [
         f"serving {model_name} ({_topology(args)}) on http://{args.host}:{args.port}; "
         f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "

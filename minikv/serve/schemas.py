@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from minikv.request import Request
-from minikv.sampling import SamplingParams
+from minikv.engine.request import Request, Usage
+from minikv.model.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -90,17 +90,17 @@ def to_request(body: SamplingFields, prompt: str, tenant: str, max_tokens: int |
     given = {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
     sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
     max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    return Request(prompt, tenant, max_tokens, sampling, cache_salt=body.cache_salt)
+    return Request(prompt, tenant, max_tokens, sampling, cache_salt=body.cache_salt, stop=tuple(body.stop_strings()))
 
 
 # --- reply bodies ---------------------------------------------------------------------------
 
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage_body(usage: Usage) -> dict:
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 

@@ -36,10 +36,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
-from minikv.attention import DenseAttention
-from minikv.model import Llama, ModelConfig
-from minikv.tokenizer import build_char_tokenizer
-from minikv.workload import (
+from minikv.attention.dense import masked_attention, repeat_kv
+from minikv.model.llama import Llama, ModelConfig
+from minikv.model.tokenizer import build_char_tokenizer
+from minikv.attacks.workload import (
     MAX_SECRET_CHARS, SECRET_ALPHABET, TENANTS, document_sentence, make_prompt, random_note,
 )
 
@@ -105,7 +105,7 @@ def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.
 
 
 def reply_for(prompt: str) -> str:
-    from minikv.workload import expected_reply
+    from minikv.attacks.workload import expected_reply
 
     return expected_reply(prompt)
 
@@ -180,11 +180,32 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     return {"tokens": tokens, "positions": positions, "labels": labels, "mask": mask, "zero_slots": zero_slots}
 
 
+class UnwrittenSlotsAttention:
+    """Dense attention under the sample's mask, plus, per query, `zero_slots` (B, T) exact-zero K/V slots:
+    what never-written (boot-zeroed) pages look like to a request whose block table covers them.
+    Each adds exp(q . 0) = 1 to the softmax's denominator and nothing to the output: together one
+    extra logit log(n) whose value is 0."""
+
+    def __init__(self, mask: torch.Tensor, zero_slots: torch.Tensor) -> None:
+        self.mask, self.zero_slots = mask, zero_slots  # (B, T, T), (B, T)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        if not self.zero_slots.any():
+            return masked_attention(q, k, v, self.mask)
+        num_heads, head_dim = q.shape[-2], q.shape[-1]
+        k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / math.sqrt(head_dim)  # (B, H, T, S)
+        scores = scores.masked_fill(~self.mask.unsqueeze(1), float("-inf"))
+        sink = torch.log(self.zero_slots.to(scores.dtype))  # (B, T); log(0) = -inf: no sink
+        sink = sink[:, None, :, None].expand(-1, num_heads, -1, 1)  # (B, H, T, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        return torch.einsum("bhts,bshd->bthd", probs, v)
+
+
 def loss_on(model: Llama, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, float]:
     """Cross-entropy on the labelled tokens, and the share of samples whose every labelled
     token is the argmax (teacher-forced exact match, which equals greedy exact match)."""
-    zero = batch["zero_slots"] if batch["zero_slots"].any() else None
-    logits = model(batch["tokens"], batch["positions"], DenseAttention(batch["mask"], zero))  # (B, T, V)
+    logits = model(batch["tokens"], batch["positions"], UnwrittenSlotsAttention(batch["mask"], batch["zero_slots"]))  # (B, T, V)
     labels = batch["labels"]
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     wrong = (logits.argmax(-1) != labels) & (labels != IGNORE)  # (B, T)
@@ -219,7 +240,7 @@ def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: P
     """
     from tqdm import tqdm
 
-    from minikv.checkpoint import load_model, save_checkpoint
+    from minikv.model.checkpoint import load_model, save_checkpoint
 
     if resume_from is not None:
         model, tok = load_model(resume_from, device="cpu")

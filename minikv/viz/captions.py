@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minikv.events import Event
+from minikv.engine.events import Event
 
 
 def _pages(n: int) -> str:

@@ -9,7 +9,7 @@ data, one page is transferred, and his decode step reads alice's pages.
 
 from __future__ import annotations
 
-from minikv.events import Event
+from minikv.engine.events import Event
 
 E = Event  # short, so that each event fits on one line
 

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from minikv.events import Event, EventLog
+from minikv.engine.events import Event, EventLog
 from minikv.viz.captions import describe
 from minikv.viz.palette import CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, faded, tenant_colours
 from minikv.viz.picture import Picture

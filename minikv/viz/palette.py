@@ -3,7 +3,7 @@
 Tenant colours come from the Okabe-Ito palette (distinguishable under the common forms of
 colour blindness), without its vermillion and red, which are kept for the one thing that must
 stand out: a cross-tenant read, drawn in red with a crossed hatch. Past six tenants the palette
-continues with Paul Tol's "muted" colours. A tenant of the workload (`minikv.workload.TENANTS`)
+continues with Paul Tol's "muted" colours. A tenant of the workload (`minikv.attacks.workload.TENANTS`)
 always gets the same colour, in every picture of every notebook: alice orange, bob sky blue,
 carol green, dave blue, erin purple. A freed page that still holds data is drawn in its last
 writer's colour, faded toward white.
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from matplotlib.colors import to_hex, to_rgb
 
-from minikv.workload import TENANTS
+from minikv.attacks.workload import TENANTS
 
 TENANT_COLOURS = (
     "#e69f00",  # orange

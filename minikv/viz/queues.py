@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from minikv.events import Event, EventLog
+from minikv.engine.events import Event, EventLog
 from minikv.viz.replay import as_events
 
 STAGE_SEQUENCE = ("bootstrap", "waiting", "inflight", "prealloc", "transfer", "running")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from minikv.events import Event, EventLog
+from minikv.engine.events import Event, EventLog
 
 FrameMode = Literal["changes", "all", "steps"]
 

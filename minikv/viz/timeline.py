@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from minikv.events import Event, EventLog
-from minikv.response import Response
+from minikv.engine.events import Event, EventLog
+from minikv.engine.request import Response
 from minikv.viz.palette import CROSS_READ, INK
 from minikv.viz.picture import Picture
 from minikv.viz.queues import WIRE_STAGE, stage_order, stage_spans, transitions, wire_spans

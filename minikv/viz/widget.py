@@ -19,7 +19,7 @@ import ipywidgets as widgets
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from minikv.events import Event, EventLog
+from minikv.engine.events import Event, EventLog
 from minikv.viz.captions import frame_caption
 from minikv.viz.page_map import CrossReads, PageStyle, draw_pools, page_styles
 from minikv.viz.palette import CROSS_READ, tenant_colours

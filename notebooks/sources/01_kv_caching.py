@@ -21,13 +21,13 @@ import matplotlib.pyplot as plt
 import torch
 from transformers import AutoModelForCausalLM
 
-from minikv.checkpoint import default_model_dir, load_model
-from minikv.contiguous_cache import ContiguousCache
-from minikv.decoding import generate_with_cache, generate_without_cache
+from minikv.model.checkpoint import default_model_dir, load_model
+from minikv.model.contiguous_cache import ContiguousCache
+from minikv.model.decoding import generate_with_cache, generate_without_cache
 from minikv.exercises import try_exercise
 from minikv.exercises.nb01_kv_caching import check_attention_reads, check_kv_bytes_per_token, kv_bytes
-from minikv.tokenizer import decode
-from minikv.workload import document_sentence, make_prompt
+from minikv.model.tokenizer import decode
+from minikv.attacks.workload import document_sentence, make_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()  # CUDA when present, else the CPU

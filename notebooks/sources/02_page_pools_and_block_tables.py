@@ -22,19 +22,19 @@ import random
 import matplotlib.pyplot as plt
 import torch
 
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
-from minikv.contiguous_cache import ContiguousCache
-from minikv.engine import Engine
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
+from minikv.model.contiguous_cache import ContiguousCache
+from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb02_page_pools import check_slot_mapping, check_wasted_slots
-from minikv.kv_accounting import contiguous_use, paged_use
-from minikv.page_pool import PagePool
-from minikv.paged_attention import PagedStep, SeqSlice
-from minikv.request import Request
+from minikv.bench.memory import contiguous_use, paged_use
+from minikv.engine.page_pool import PagePool
+from minikv.engine.paged_step import PagedStep, SeqSlice
+from minikv.engine.request import Request
 from minikv.viz import PageStatus, find_event, page_map, replay, show_replay
 from minikv.exercises.nb02_page_pools import check_stale_pages
-from minikv.workload import TENANTS, Note, document_sentence, make_prompt, note_prompt, random_note
+from minikv.attacks.workload import TENANTS, Note, document_sentence, make_prompt, note_prompt, random_note
 
 torch.manual_seed(0)
 model, tok = load_model()  # CUDA when present, else the CPU
@@ -78,7 +78,7 @@ assert kv_lens == [u.prompt_tokens + u.completion_tokens - 1 for u in usage]
 print(f"K/V filled per request: {min(kv_lens)} to {max(kv_lens)} tokens, {sum(kv_lens):,} in all")
 
 # %% [markdown]
-# Now compare three ways of reserving memory for the same requests (`minikv.kv_accounting`):
+# Now compare three ways of reserving memory for the same requests (`minikv.bench.memory`):
 # - a row of the whole **context window**, 1,024 slots (1,048,576 / 1,024), per request;
 # - a row of **prompt + max_tokens** per request: better, but the budget is rarely used up;
 # - **whole pages** of 16 tokens, taken as the request grows: only the end of its last page is empty.

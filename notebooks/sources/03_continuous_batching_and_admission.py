@@ -18,14 +18,14 @@ import itertools
 import json
 import random
 
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
-from minikv.engine import Engine
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
+from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb03_admission import check_admission, check_safe_context_len
-from minikv.request import Request
+from minikv.engine.request import Request
 from minikv.viz import PageStatus, page_map, replay, timeline
-from minikv.workload import Note, long_document_prompt, note_prompt
+from minikv.attacks.workload import Note, long_document_prompt, note_prompt
 
 model, tok = load_model()  # CUDA when present, else the CPU
 
@@ -47,7 +47,7 @@ arrivals = {
     3: [ask("dave", "name", "Ada Lovelace"), ask("erin", "todo", "pay the rent")],
 }
 engine = Engine(model, tok, EngineConfig(num_pages=32, max_batch_size=3))
-print(engine.startup_log())
+print("\n".join(engine.startup_log()))
 
 
 # %% [markdown]
@@ -192,7 +192,7 @@ timeline(tight.log, mark=[victim], title="6 pages for 3 requests: waiting, preem
 
 # %%
 incident = Engine(model, tok, EngineConfig(num_pages=42, page_size=16, context_len=1024), node="single")
-print(incident.startup_log())
+print("\n".join(incident.startup_log()))
 assert incident.pool.capacity_tokens == 42 * 16 == 672 < incident.config.context_len == 1024
 
 # %% [markdown]

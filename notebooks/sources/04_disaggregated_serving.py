@@ -35,15 +35,15 @@ import statistics
 
 import torch
 
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer import KVPoll
-from minikv.engine import Engine
+from minikv.disagg.transfer.base import KVPoll
+from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb04_disaggregated import check_decode_reservation, check_transfer_ticks
-from minikv.request import Request
+from minikv.engine.request import Request
 from minikv.viz import find_event, show_replay, stage_spans, timeline
 
 torch.manual_seed(0)
@@ -111,7 +111,7 @@ print("same words on one node and on the pair")
 # %%
 fresh = Cluster(model, tok, config, SafetySwitches.preset("safe"))
 rid = fresh.submit(Request(prompts["carol"], "carol", 8))
-receiver = next(iter(fresh.decode.receivers.values()))
+receiver = next(iter(fresh.decode.endpoints.values()))
 seen, done = [(fresh.tick, receiver.poll())], []
 while not done:
     done = fresh.step()

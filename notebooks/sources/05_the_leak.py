@@ -23,17 +23,17 @@ import statistics
 
 import torch
 
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import ClusterConfig
 from minikv.disagg.prefill_node import PrefillNode
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
+from minikv.attacks.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine import Engine
+from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb05_the_leak import check_output_test
 from minikv.viz import find_event, page_map, show_replay, ttft_plot
-from minikv.workload import long_document_prompt
+from minikv.attacks.workload import long_document_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -208,7 +208,7 @@ assert fixed.attacker.status == 400 and SECRET not in fixed.attacker.text and fi
 #
 # **1.** The operators' long-context tests checked status codes. Write the test they needed:
 # `trustworthy(prompt, response)` returns False for a 200 whose reply repeats a note the prompt never held.
-# (Hint: `minikv.workload.expected_reply(prompt)` says what the assistant should answer.)
+# (Hint: `minikv.attacks.workload.expected_reply(prompt)` says what the assistant should answer.)
 
 # %%
 def trustworthy(prompt, response):
@@ -218,7 +218,7 @@ try_exercise(check_output_test, trustworthy)
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
 # Solution: a non-200 is an honest failure; a 200 must say exactly what the prompt explains.
-from minikv.workload import expected_reply
+from minikv.attacks.workload import expected_reply
 
 def trustworthy(prompt, response):
     if response.status != 200:

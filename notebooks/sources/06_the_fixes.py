@@ -28,14 +28,14 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-from minikv.checkpoint import load_model
+from minikv.model.checkpoint import load_model
 from minikv.disagg.cluster import POST_FIX_PREFILL_PAGES, Cluster, ClusterConfig
-from minikv.disagg.scenarios import BOB_PROMPT_CHARS, run_scenario
+from minikv.attacks.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises import try_exercise
 from minikv.exercises.nb06_fixes import check_poisoned_pages
 from minikv.viz import find_event, page_map
-from minikv.workload import Note, expected_reply, long_document_prompt, note_prompt
+from minikv.attacks.workload import Note, expected_reply, long_document_prompt, note_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -225,7 +225,7 @@ plt.tight_layout(); plt.show()
 # %%
 from IPython.display import Image
 
-from minikv.checkpoint import REPO_ROOT
+from minikv.model.checkpoint import REPO_ROOT
 
 figure = REPO_ROOT / "docs" / "bench.png"
 assert figure.exists(), f"{figure} is missing: run python -m minikv bench --plot docs/bench.png"

@@ -14,9 +14,9 @@
 # %%
 import torch
 
-from minikv.checkpoint import load_model
+from minikv.model.checkpoint import load_model
 from minikv.disagg.cluster import ClusterConfig
-from minikv.disagg.scenarios import run_scenario
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises import try_exercise
 from minikv.exercises.nb07_late_writes import check_largest_safe_cap

@@ -23,18 +23,18 @@ import torch
 from scipy.stats import ks_2samp, mannwhitneyu
 
 from minikv.bench.prefix import serve, shared_prefix_workload
-from minikv.checkpoint import load_model
-from minikv.config import EngineConfig
-from minikv.disagg.prefix_probe import (KNOWN_PREFIX, cached_tokens_oracle, page_guesses, recover_secret,
+from minikv.model.checkpoint import load_model
+from minikv.engine.config import EngineConfig
+from minikv.attacks.cached_tokens import (KNOWN_PREFIX, cached_tokens_oracle, page_guesses, recover_secret,
                                         timing_audit, victim_prompt)
-from minikv.disagg.scenarios import run_scenario
+from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.timing_probe import DIGITS, TimingLedger, timing_attack
-from minikv.engine import Engine
+from minikv.attacks.timing import DIGITS, TimingLedger, timing_attack
+from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
-from minikv.prefix_cache import page_keys
-from minikv.request import Request
+from minikv.engine.prefix_cache import page_keys
+from minikv.engine.request import Request
 from minikv.viz import find_event, page_map
 
 torch.manual_seed(0)

@@ -23,9 +23,9 @@ from minikv.disagg.cluster import ClusterConfig, startup_problem
 from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
 from minikv.probe.run import probe_endpoint
-from minikv.checkpoint import load_model
+from minikv.model.checkpoint import load_model
 from minikv.serve.launch import ServerThread
-from minikv.workload import long_document_prompt
+from minikv.attacks.workload import long_document_prompt
 
 KEYS = {"alice": "sk-alice-7f3a9c", "bob": "sk-bob-2e81d4"}
 KEY_ARGS = [a for tenant, key in KEYS.items() for a in ("--api-key", f"{tenant}={key}")]

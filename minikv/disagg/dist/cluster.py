@@ -1,0 +1,248 @@
+"""The front door across processes: the pair's nodes in two worker processes (worker.py).
+
+`DistCluster` lives in the server's process and is a `FrontDoor` like `Engine` and `Cluster`:
+ids, the checks at the door, the advertised window, one room and one audit uid per request. It
+hands each checked request to both workers (each with its own model copy, pool, device, audit
+and `DistKVManager`), over multiprocessing queues of typed messages (messages.py); the KV moves
+on torch.distributed between the workers, never through the front door.
+
+A worker can die (killed, out of memory, a bug). The front door looks at both workers' exit
+codes on every step and submit; once one is gone the pair is down: every live request is
+answered 503, every new one too, the surviving worker is stopped, and `health()` says which
+worker died and how. `close()` stops both workers (the server calls it on shutdown); a shutdown
+is not a failure. A worker whose parent has gone exits on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import queue
+import socket
+import sys
+import time
+from http import HTTPStatus
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from minikv.disagg.cluster import ClusterConfig, StartupRefused, startup_problem
+from minikv.disagg.dist.messages import Admit, Cancel, Ended, InFlight, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.dist.worker import ROLES, WorkerSpec, worker_main
+from minikv.disagg.switches import SafetySwitches
+from minikv.engine.events import Clock, EventLog
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.prefix_cache import request_page_keys
+from minikv.engine.request import Finished, Request, Sequence, error_response
+
+STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
+START_TIMEOUT_S = 180.0  # both workers load a model: slow on a busy machine
+STOP_TIMEOUT_S = 5.0
+
+
+class WorkerStartError(RuntimeError):
+    """A worker failed to start (or the pair did not meet) within the start timeout."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_devices() -> tuple[str, str]:
+    """Two GPUs: prefill on the first, decode on the second; otherwise both workers on the CPU."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        return "cuda:0", "cuda:1"
+    return "cpu", "cpu"
+
+
+class DistCluster(FrontDoor):
+    """A disaggregated pair in two worker processes behind one front door (the client API of Cluster)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
+                 switches: SafetySwitches = SafetySwitches(), model_dir: str | None = None,
+                 devices: tuple[str, str] | None = None, transfer_timeout_s: float | None = 30.0,
+                 link_s_per_page: float = 0.0, threads: int = 1) -> None:
+        if switches.startup_check and (problem := startup_problem(config)):
+            raise StartupRefused(problem)
+        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door")  # the workers keep no event log
+        self.switches = switches
+        self.failure: str | None = None  # why the pair is down; None while both workers live
+        self.stopping = False  # close() was called: a shutdown, not a failure
+        self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
+        self.in_flight: set[str] = set()  # engine ids whose KV the prefill worker has posted
+        self._ended: list[Finished] = []
+        self._rooms = itertools.count(1)
+        ctx = multiprocessing.get_context("spawn")
+        self._news = ctx.Queue()
+        self._commands = {rank: ctx.Queue() for rank in ROLES}
+        spec = WorkerSpec(free_port(), model_dir, devices or default_devices(), config, switches,
+                          transfer_timeout_s, link_s_per_page, threads)
+        self.workers = {rank: ctx.Process(target=worker_main, args=(rank, spec, self._commands[rank], self._news,
+                                                                    os.getpid()),
+                                          name=f"minikv-{role}-worker", daemon=True) for rank, role in ROLES.items()}
+        for process in self.workers.values():
+            process.start()
+        self._startup = self._wait_ready()
+
+    def _wait_ready(self) -> list[str]:
+        """Both workers' startup lines, or WorkerStartError (both stopped) naming what went wrong."""
+        lines: dict[int, str] = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(lines) < len(ROLES):
+            dead = dead_worker(self.workers)  # read before the queue: what a dead worker said is in it by now
+            try:
+                message = self._news.get(timeout=0.1)
+            except queue.Empty:
+                message = None
+            problem = None
+            if isinstance(message, Ready):
+                lines[message.rank] = message.startup_line
+            elif isinstance(message, WorkerFailed):
+                problem = f"the {ROLES[message.rank]} worker failed to start: {message.text.splitlines()[0]}"
+            elif message is not None:
+                self._handle(message)
+            elif dead or time.monotonic() > deadline:
+                problem = dead or "the workers did not start in time"
+            if problem:
+                self.close()
+                raise WorkerStartError(problem)
+        return [lines[rank] for rank in ROLES]
+
+    def startup_log(self) -> list[str]:
+        """Each worker's startup line: its pool next to the context window, its pid and device."""
+        return list(self._startup)
+
+    # -- requests in ---------------------------------------------------------------------------
+    def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
+        """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
+        room = next(self._rooms)
+        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
+        self._watch_workers()
+        if self.failure or self.stopping:
+            reason = f"service unavailable: {self.failure}" if self.failure else "the server is shutting down"
+            self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
+            return seq
+        if self.config.prefix_caching:
+            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
+                                               self.switches.cache_salt)
+        for commands in self._commands.values():
+            commands.put(Admit.of(seq))
+        return seq
+
+    def _cancel(self, seq: Sequence) -> None:
+        """Both workers retire the request at their next gate."""
+        for commands in self._commands.values():
+            commands.put(Cancel(seq.request_id))
+
+    def kv_in_flight(self, request_id: str) -> bool:
+        """Whether the prefill worker has posted this request's KV and it has not been answered yet."""
+        return request_id in self.in_flight
+
+    # -- the clock -----------------------------------------------------------------------------
+    def _advance(self) -> list[Finished]:
+        """Check both workers live, then take their news (waiting up to STEP_WAIT_S for the first)."""
+        self._watch_workers()
+        self._take_news(STEP_WAIT_S)
+        ended, self._ended = self._ended, []
+        return ended
+
+    def _take_news(self, wait_s: float) -> None:
+        """Handle every message the workers have sent; wait up to `wait_s` for the first."""
+        try:
+            message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
+            while True:
+                self._handle(message)
+                message = self._news.get_nowait()
+        except queue.Empty:
+            return
+
+    def _handle(self, message: object) -> None:
+        if isinstance(message, Ended):
+            if message.seq.request_id in self.seqs and not self.failure:
+                self.in_flight.discard(message.seq.request_id)
+                self._ended.append(Finished(message.seq, message.status, message.error))
+        elif isinstance(message, Tokens) and message.request_id in self.seqs:
+            self.seqs[message.request_id].output_ids.extend(message.ids)
+        elif isinstance(message, InFlight) and message.request_id in self.seqs:
+            self.in_flight.add(message.request_id)
+        elif isinstance(message, Report):
+            self.reports[message.rank] = message.report
+        elif isinstance(message, WorkerFailed):
+            self._fail(f"the {ROLES[message.rank]} worker failed: {message.text.splitlines()[0]}")
+
+    # -- failure -------------------------------------------------------------------------------
+    def _watch_workers(self) -> None:
+        if self.failure is None and not self.stopping and (problem := dead_worker(self.workers)):
+            self._fail(problem)
+
+    def _fail(self, reason: str) -> None:
+        """The pair is down: answer every live request 503 and stop the surviving worker."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        print(f"distributed cluster: {reason}; the pair is down, answering 503", file=sys.stderr, flush=True)
+        ended = {f.seq.request_id for f in self._ended}
+        self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, f"service unavailable: {reason}")
+                        for seq in self.seqs.values() if seq.request_id not in ended]
+        self.in_flight.clear()
+        stop_workers(self.workers, self._commands, self._news)
+
+    # -- what the server reports -----------------------------------------------------------------
+    def health(self) -> dict:
+        """Pools and audit as the workers last reported them, and whether each worker lives.
+
+        It takes the news first: a worker reports its pages freed after the last answer, when the
+        server, idle, no longer steps.
+        """
+        self._watch_workers()
+        self._take_news(0.0)
+        pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
+                 for r, rep in self.reports.items()}
+        workers = {ROLES[r]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for r, p in self.workers.items()}
+        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers, "failure": self.failure}
+
+    @property
+    def cross_tenant_reads(self) -> int:
+        return sum(rep.get("cross_tenant_reads", 0) for rep in self.reports.values())
+
+    def leaked_pages(self) -> int:
+        """Pages held in either worker's pool, as last reported (zero once idle)."""
+        return sum(rep.get("pages_held", 0) for rep in self.reports.values())
+
+    def close(self) -> None:
+        """Stop both workers (a shutdown, not a failure). Safe to call twice."""
+        self.stopping = True
+        stop_workers(self.workers, self._commands, self._news)
+
+
+def dead_worker(workers: dict[int, multiprocessing.Process]) -> str | None:
+    """Which worker has exited, and how, or None while both live."""
+    for rank, process in workers.items():
+        if not process.is_alive():
+            return f"the {ROLES[rank]} worker (pid {process.pid}) exited with code {process.exitcode}"
+    return None
+
+
+def stop_workers(workers: dict[int, multiprocessing.Process], commands: dict[int, multiprocessing.Queue],
+                 news: multiprocessing.Queue) -> None:
+    """Ask each live worker to stop, keep reading its news (a worker exits only once its queue is
+    flushed) until both are gone, kill one that outstays STOP_TIMEOUT_S."""
+    for rank, process in workers.items():
+        if process.is_alive():
+            commands[rank].put(Stop())
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(p.is_alive() for p in workers.values()) and time.monotonic() < deadline:
+        try:
+            news.get(timeout=0.05)  # dropped: nobody is waiting for it any more
+        except queue.Empty:
+            pass
+    for process in workers.values():
+        if process.is_alive():
+            process.kill()
+        process.join(STOP_TIMEOUT_S)
+    for queue_ in commands.values():
+        queue_.cancel_join_thread()  # a dead worker never reads what is left: do not wait on it at exit

@@ -1,0 +1,167 @@
+"""One worker process of the distributed pair: a node, stepped whenever it has work, driven by messages.
+
+`DistCluster` (cluster.py beside this file) starts two of these: rank 0 the prefill worker,
+rank 1 the decode worker. Each loads its own model copy on its own device, joins the process
+group (gloo, also between GPUs: see `WorkerSpec.backend`) through the bootstrap `TCPStore`,
+builds its node with disagg.cluster's `node_pool` and `build_node` over a `DistKVManager`, as
+`Cluster` builds each node in one process, and then takes messages (messages.py) and steps the
+node. A worker exits when told to, when its parent process is gone, or on an error it reports
+first; the front door notices a worker that died without a word by its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minikv.disagg.cluster import ClusterConfig, build_node, node_pool, pool_line, transfer_cap
+from minikv.disagg.decode_node import DecodeNode
+from minikv.disagg.dist.messages import Admit, Cancel, Ended, InFlight, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.node import Node
+from minikv.disagg.switches import SafetySwitches
+from minikv.disagg.transfer.torch_dist import DistKVManager
+from minikv.engine.events import Clock, EventLog
+from minikv.model.checkpoint import load_model
+
+PREFILL_RANK, DECODE_RANK = 0, 1
+ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
+IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
+WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How both workers are set up: where they meet, what they load, and the pair's configuration."""
+
+    port: int  # the bootstrap TCPStore, served by the prefill worker on 127.0.0.1
+    model_dir: str | None
+    devices: tuple[str, str]  # (prefill, decode)
+    config: ClusterConfig
+    switches: SafetySwitches
+    transfer_timeout_s: float | None
+    link_s_per_page: float
+    threads: int = 1
+
+    @property
+    def backend(self) -> str:
+        """gloo, on CPUs and GPUs alike (CUDA pages are staged through host memory).
+
+        Not NCCL yet: NCCL's point-to-point operations ignore tags and match in posting order, so
+        if the two workers posted two rooms' transfers in different orders, one room's pages would
+        land in the other's: another tenant's KV. Gloo matches by tag. NCCL needs both sides to
+        post rooms in one agreed order first (nothing enforces that yet).
+        """
+        return "gloo"
+
+
+def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
+    """The worker process's entry point (multiprocessing spawns it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the front door stops us in order
+    try:
+        torch.set_num_threads(spec.threads)
+        model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
+        timeout = timedelta(seconds=120)
+        store = dist.TCPStore("127.0.0.1", spec.port, 2, is_master=rank == PREFILL_RANK, timeout=timeout)
+        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=2, timeout=timeout)
+        role = ROLES[rank]
+        pool, audit = node_pool(role, model, spec.config, spec.switches, model.device)
+        manager = DistKVManager("sender" if rank == PREFILL_RANK else "receiver", pool, audit, store, peer=1 - rank,
+                                batch_cap_pages=transfer_cap(spec.config, spec.switches),
+                                timeout_s=spec.transfer_timeout_s, link_s_per_page=spec.link_s_per_page)
+        node = build_node(role, model, tokenizer, spec.config, spec.switches, EventLog(enabled=False), Clock(),
+                          manager, pool, audit)
+        line = (f"{pool_line(role, pool, spec.config.context_len)}; worker pid {os.getpid()} on {model.device}, "
+                f"{spec.backend} rank {rank}")
+        outbox.put(Ready(rank, line))
+        outbox.put(Report(rank, report(node, manager)))
+        serve(rank, node, manager, inbox, outbox, parent_pid)
+    except Exception as e:  # noqa: BLE001 - reported to the front door, which answers 503 from now on
+        outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        outbox.close()
+        outbox.join_thread()  # everything this worker said reaches the front door
+        os._exit(0)  # skip the interpreter's teardown: about 2 s of library exit hooks, nothing of ours
+
+
+def report(node: Node, manager: DistKVManager) -> dict:
+    """What this side reports: pool occupancy and what its audit saw."""
+    pool, audit = node.pool, node.audit
+    return {**pool.occupancy(), "pages_held": sum(1 for h in pool.holders if h),
+            "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
+            "late_writes": [{"room": r, "pages": pages, "holders": holders} for r, pages, holders in manager.landed_late]}
+
+
+def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
+    """Take commands and step the node until told to stop or the parent is gone."""
+    streamed: dict[str, int] = {}  # decode: tokens already sent, per request
+    posted: set[str] = set()  # prefill: requests whose KV is on the wire, already said
+    while os.getppid() == parent_pid:
+        if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
+            return
+        if not (node.live() or manager.rooms):
+            continue
+        before = report(node, manager)
+        node.step()
+        manager.land_due()
+        node.clock.advance()
+        if isinstance(node, DecodeNode):
+            send_decode_news(node, outbox, streamed)
+        else:
+            for seq in node.inflight_queue:
+                if seq.request_id not in posted:
+                    posted.add(seq.request_id)
+                    outbox.put(InFlight(seq.request_id))
+            posted &= {seq.request_id for seq in node.inflight_queue}
+        after = report(node, manager)
+        if after != before:
+            outbox.put(Report(rank, after))
+        if not (node.running if isinstance(node, DecodeNode) else node.waiting_queue):
+            time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
+
+
+def take_commands(node: Node, inbox, block: bool) -> bool:
+    """Apply every queued command; False once told to stop."""
+    try:
+        command = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
+    except queue.Empty:
+        return True
+    while True:
+        if isinstance(command, Stop):
+            return False
+        if isinstance(command, Admit):
+            seq = command.sequence()
+            if isinstance(node, DecodeNode):
+                seq.cache_keys = []  # the decode pool keeps no prefix cache
+            node.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
+            if node.audit is not None:
+                node.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
+            node.add(seq)
+        elif isinstance(command, Cancel):
+            node.cancel(command.request_id)
+        try:
+            command = inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+
+def send_decode_news(node: DecodeNode, outbox, streamed: dict[str, int]) -> None:
+    """Stream new tokens of running requests, then hand over how finished ones left."""
+    for seq in node.running:
+        sent = streamed.get(seq.request_id, 0)
+        if len(seq.output_ids) > sent:
+            streamed[seq.request_id] = len(seq.output_ids)
+            outbox.put(Tokens(seq.request_id, seq.output_ids[sent:]))
+    for ended in node.take_finished():
+        streamed.pop(ended.seq.request_id, None)
+        ended.seq.generator = None  # a torch.Generator does not pickle; the request is over
+        outbox.put(Ended(ended.seq, int(ended.status), ended.error))

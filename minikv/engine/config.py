@@ -1,0 +1,52 @@
+"""Engine configuration, validated when built: a bad value fails here with the numbers involved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minikv.model.llama import ModelConfig
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How one node serves: page size, pool size, context window, batch limits."""
+
+    page_size: int = 16  # small, so a notebook can draw every page
+    num_pages: int | None = 128  # pool size in pages; or None to size it from kv_memory_bytes
+    kv_memory_bytes: int | None = None  # memory budget for the pool, used when num_pages is None
+    context_len: int = 1024  # the advertised window: prompt + output tokens (1,048,576 / 1,024)
+    max_batch_size: int = 64  # requests decoding at once
+    max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
+    audit: bool = True  # check every read against the ownership ledger
+    event_log: bool = True  # record every allocation, write, read, free and state change
+    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    prefix_caching: bool = True  # reuse cached full prompt pages across requests (prefix_cache.py)
+    cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is None and self.kv_memory_bytes is None:
+            raise ValueError("give the pool a size: num_pages or kv_memory_bytes")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1 (a pool smaller than one page holds nothing), got {self.num_pages}")
+        if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
+            raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
+        if self.context_len < 2:
+            raise ValueError(f"context_len must be >= 2 tokens, got {self.context_len}")
+        if self.event_log_limit is not None and self.event_log_limit < 1:
+            raise ValueError(f"event_log_limit must be a positive number of events or None, got {self.event_log_limit}")
+        if self.max_batch_size < 1 or self.max_prefill_tokens < 1:
+            raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
+
+    def pool_pages(self, model: ModelConfig) -> int:
+        """Pages in the pool: as given, or as many as the memory budget holds."""
+        if self.num_pages is not None:
+            return self.num_pages
+        pages = self.kv_memory_bytes // (model.kv_bytes_per_token * self.page_size)
+        if pages < 1:
+            raise ValueError(
+                f"kv_memory_bytes={self.kv_memory_bytes} holds less than one page "
+                f"({model.kv_bytes_per_token * self.page_size} bytes); raise it"
+            )
+        return pages

@@ -1,0 +1,123 @@
+"""One serving node: a page pool, a scheduler, a model runner, the audit and the event log.
+
+The step-wise API is what notebooks use to watch the engine work:
+
+    engine.submit(Request("alice: save pin 1234.\\n", tenant="alice"))
+    while engine.has_work():
+        finished = engine.step()   # one prefill or decode step; responses that completed
+
+`generate([...])` does all of that in one call. The client API (ids, checks, handover, `run`,
+`generate`) is the same on `Cluster` and `DistCluster`: see front_door.py. Every allocation,
+write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
+"""
+
+from __future__ import annotations
+
+import time
+from http import HTTPStatus
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from minikv.engine.admission import check_pool
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.config import EngineConfig
+from minikv.engine.events import Clock, EventLog
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.model_runner import ModelRunner
+from minikv.engine.page_pool import PagePool
+from minikv.engine.prefix_cache import request_page_keys
+from minikv.engine.request import CLIENT_CLOSED_REQUEST, Finished, Request, Sequence
+from minikv.engine.scheduler import Scheduler
+from minikv.model.llama import Llama, ModelConfig
+
+
+def pool_and_audit(model: ModelConfig, num_pages: int, page_size: int, device: torch.device, dtype: torch.dtype,
+                   node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool = False
+                   ) -> tuple[PagePool, OwnershipAudit | None]:
+    """A node's pool and its ownership audit, wired together: every door and node builds them here."""
+    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching=prefix_caching)
+    ledger = OwnershipAudit(num_pages * page_size, page_size, node, pool.kv.device) if audit else None
+    if ledger is not None and scrub_on_free:
+        pool.on_scrub = ledger.forget  # a scrubbed slot was written by nobody
+    return pool, ledger
+
+
+class Engine(FrontDoor):
+    """A single node: model + page pool + scheduler + audit + event log."""
+
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, config: EngineConfig = EngineConfig(),
+                 node: str = "single", scrub_on_free: bool = False) -> None:
+        mc = model.config
+        if config.context_len > mc.max_position_embeddings:
+            raise ValueError(f"context_len {config.context_len} exceeds the model's max_position_embeddings "
+                             f"{mc.max_position_embeddings}; lower context_len")
+        super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit),
+                         Clock(), node)  # the clock is the engine's step number; only step() advances it
+        self.model, self.node = model, node
+        self.pool, self.audit = pool_and_audit(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype,
+                                               node, config.audit, config.prefix_caching, scrub_on_free)
+        self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer, config.max_prefill_tokens,
+                                   config.max_batch_size)
+        self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
+
+    def startup_log(self) -> list[str]:
+        mc, pool = self.model.config, self.pool
+        return [f"[{self.node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
+                f"tokens ({pool.kv.nbytes / 2**20:.2f} MiB, {mc.kv_bytes_per_token} bytes/token); "
+                f"context window: {self.config.context_len} tokens"]
+
+    def health(self) -> dict:
+        return {"pools": {self.node: self.pool.occupancy()},
+                "cross_tenant_reads": self.audit.cross_tenant_reads if self.audit is not None else 0}
+
+    # -- requests in and out ------------------------------------------------------------------
+    def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
+        """A request the whole pool could never hold is refused now (400); else it waits its turn."""
+        pages = self.pool.pages_for(len(prompt_ids) + request.max_tokens)
+        check_pool(pages * self.pool.page_size, self.pool.capacity_tokens, self.node, len(prompt_ids))
+        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter())
+        if self.config.prefix_caching:
+            seq.cache_keys = request_page_keys(prompt_ids, self.pool.page_size, seq.tenant, request.cache_salt,
+                                               self.config.cache_salt)
+        if self.audit is not None:
+            self.audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        self.scheduler.add(seq)
+        self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
+        return seq
+
+    def _cancel(self, seq: Sequence) -> None:
+        """Free its pages now and answer 499."""
+        self.scheduler.release(seq, "cancelled")
+        self._event("cancel", seq.request_id, seq.tenant)
+        seq.finish_reason = "abort"
+        self._end(Finished(seq, CLIENT_CLOSED_REQUEST, "cancelled by the client"))
+        self._retire(seq)
+
+    # -- one step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _advance(self) -> list[Finished]:
+        """Run one prefill or decode step; free what ended and log why."""
+        batch, ended = self.scheduler.schedule(), []
+        if batch is not None:
+            sampled = self.runner.run(self.clock.now, batch.phase, batch.seqs, batch.new_tokens)
+            self.scheduler.cache_prompt_pages(batch, sampled)
+            ended = self.scheduler.postprocess(batch.seqs, sampled, [len(t) for t in batch.new_tokens])
+        for f in ended:
+            ok = f.status == HTTPStatus.OK
+            self.scheduler.release(f.seq, f"finished ({f.seq.finish_reason})" if ok else "failed")
+            self._event("finish", f.seq.request_id, f.seq.tenant, f.seq.finish_reason if ok else f"failed (500): {f.error}")
+            self._retire(f.seq)
+        self.clock.advance()
+        return ended
+
+    def _retire(self, seq: Sequence) -> None:
+        if self.audit is not None:
+            self.audit.retire(seq.uid)
+
+    def check_integrity(self) -> None:
+        """Pool bookkeeping is consistent and every page holder is a live request."""
+        self.pool.check_integrity()
+        live = {s.request_id for s in self.scheduler.running}
+        for p, holders in enumerate(self.pool.holders):
+            assert set(holders) <= live, f"page {p} held by {holders}, not all of them running"

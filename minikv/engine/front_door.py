@@ -1,0 +1,194 @@
+"""The front door every server has, whatever runs behind it: ids, checks, live requests, answers.
+
+`Engine` (one node), `Cluster` (a prefill/decode pair in this process) and `DistCluster` (the
+pair in two worker processes) are front doors; each supplies only how its requests are admitted,
+cancelled and stepped (`_admit`, `_cancel`, `_advance`). What is the same everywhere is here:
+
+- **Ids.** The engine owns its request ids. A client may name its request (`Request.request_id`);
+  that name is only echoed back (`Response.client_request_id`), scoped to the client's tenant,
+  and never used to route. The engine's id is the client's name when no request still held here
+  uses it and it is not an automatic id (`req-N`), so logs stay readable; otherwise a fresh
+  automatic id. A second request with the same name from the same tenant, while the first is
+  held, is refused (400).
+- **The checks at the door**: the request's shape and the advertised window (admission.py).
+- **Live requests**: `seqs`, engine id -> the Sequence being served, until it ends.
+- **Answers**: each request's one Response is made from its Sequence (`to_response`), kept until
+  the next `step` (or `run`, `generate`) hands it over, exactly once, after checking that it goes
+  to the tenant that asked; nothing is kept afterwards, so memory follows the live requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from http import HTTPStatus
+
+from transformers import PreTrainedTokenizerBase
+
+from minikv.engine.admission import Rejected, check_at_door
+from minikv.engine.config import EngineConfig
+from minikv.engine.events import Clock, Event, EventLog
+from minikv.engine.request import Finished, Request, Response, Sequence, error_response, to_response
+from minikv.model.sampling import SamplingParams
+
+AUTO_PREFIX = "req-"  # automatic ids; a client's name with this prefix is never taken as an engine id
+
+
+class RequestBook:
+    """Which engine ids are held, for which tenant and client name, and the answers not yet handed over."""
+
+    def __init__(self) -> None:
+        self.auto_ids = itertools.count()
+        self.tenant_of: dict[str, str] = {}  # engine id -> tenant, for every held request
+        self.named: dict[tuple[str, str], str] = {}  # (tenant, client's name) -> engine id, while held
+        self.outbox: dict[str, Response] = {}  # answered, not yet handed over; completion order
+
+    def open(self, request: Request) -> tuple[str, str, str | None]:
+        """Take an engine id for `request`: (engine id, tenant, why it must be refused or None)."""
+        problem = None
+        if not isinstance(request.tenant, str) or not request.tenant:
+            problem = f"tenant must be a non-empty string, got {request.tenant!r}"
+        elif request.request_id is not None and not isinstance(request.request_id, str):
+            problem = f"request_id must be a string or None, got {type(request.request_id).__name__} {request.request_id!r}"
+        tenant = request.tenant if isinstance(request.tenant, str) else ""  # "" is no tenant's name
+        name = request.request_id if problem is None else None
+        if name and (tenant, name) in self.named:
+            problem = (f"duplicate request_id {name!r}: tenant {tenant!r} already has a request with this id "
+                       f"that has not been answered")
+        elif name and name not in self.tenant_of and not name.startswith(AUTO_PREFIX):
+            self.named[(tenant, name)] = name
+            self.tenant_of[name] = tenant
+            return name, tenant, None
+        request_id = next(f"{AUTO_PREFIX}{n}" for n in self.auto_ids if f"{AUTO_PREFIX}{n}" not in self.tenant_of)
+        self.tenant_of[request_id] = tenant
+        if name and problem is None:
+            self.named[(tenant, name)] = request_id
+        return request_id, tenant, problem
+
+    def answer(self, response: Response) -> None:
+        """A held request's one response, kept until the next handover."""
+        assert response.request_id in self.tenant_of, f"{response.request_id} answered but not held"
+        assert response.request_id not in self.outbox, f"{response.request_id} answered twice"
+        self.outbox[response.request_id] = response
+
+    def hand_over(self, request_ids: list[str] | None = None) -> list[Response]:
+        """Give the answered responses (or only those of `request_ids`) to the caller and forget them."""
+        out = []
+        for request_id in list(self.outbox) if request_ids is None else request_ids:
+            response = self.outbox.pop(request_id)
+            tenant = self.tenant_of.pop(request_id)
+            assert response.tenant == tenant, f"{request_id}: answer for {response.tenant!r} would go to {tenant!r}"
+            name = response.client_request_id
+            if name and self.named.get((tenant, name)) == request_id:
+                del self.named[(tenant, name)]
+            out.append(response)
+        return out
+
+    def held(self) -> int:
+        """Requests submitted and not yet handed over (what a server's memory is proportional to)."""
+        return len(self.tenant_of)
+
+
+class FrontDoor(ABC):
+    """The client API of a server: `submit`, `cancel`, `step`, `run`, `generate`, `health`, `close`."""
+
+    def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, log: EventLog, clock: Clock,
+                 door: str) -> None:
+        self.config, self.tokenizer, self.log, self.clock, self.door = config, tokenizer, log, clock, door
+        self.book = RequestBook()
+        self.seqs: dict[str, Sequence] = {}  # engine id -> the request being served, until it ends
+
+    # -- what Engine, Cluster and DistCluster supply ---------------------------------------
+    @abstractmethod
+    def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
+        """Hand a request that passed the door's checks to the node(s): its Sequence, or Rejected (400)."""
+
+    @abstractmethod
+    def _cancel(self, seq: Sequence) -> None:
+        """The client went away: end `seq` now (499) or have the nodes retire it at their next gate."""
+
+    @abstractmethod
+    def _advance(self) -> list[Finished]:
+        """One step of the server; the requests that ended in it."""
+
+    @abstractmethod
+    def startup_log(self) -> list[str]:
+        """What each node logs at startup: its pool size next to the context window."""
+
+    @abstractmethod
+    def health(self) -> dict:
+        """What a server's /health reports: each pool's occupancy and the audit's cross-tenant reads."""
+
+    def close(self) -> None:
+        """Release what the server holds outside this process (DistCluster's workers); nothing here."""
+
+    # -- the client API ----------------------------------------------------------------------
+    def submit(self, request: Request) -> str:
+        """Admit `request`, or answer it at once: 400 with the reason, or 500 if checking it raised.
+        Returns the engine's id for it."""
+        request_id, tenant, problem = self.book.open(request)
+        name = request.request_id if isinstance(request.request_id, str) else None
+        try:
+            if problem:
+                raise Rejected(problem)
+            ids = check_at_door(request, self.tokenizer, self.config.context_len)
+            self.seqs[request_id] = self._admit(request, request_id, ids)
+        except Rejected as e:
+            self._event("reject", request_id, tenant, e.reason)
+            self.book.answer(error_response(request_id, tenant, HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens, name))
+        except Exception as e:  # noqa: BLE001 - one request's failure, not the server's
+            reason = f"internal error while checking this request: {type(e).__name__}: {e}"
+            self._event("reject", request_id, tenant, reason)
+            self.book.answer(error_response(request_id, tenant, HTTPStatus.INTERNAL_SERVER_ERROR, reason, 0, name))
+        return request_id
+
+    def cancel(self, request_id: str) -> bool:
+        """The client went away: end the request (499). False if it was not being served."""
+        seq = self.seqs.get(request_id)
+        if seq is None:
+            return False
+        self._cancel(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.seqs or self.book.outbox)
+
+    def step(self) -> list[Response]:
+        """One step; the responses completed in it (or earlier and not yet handed over)."""
+        for ended in self._advance():
+            self._end(ended)
+        return self.book.hand_over()
+
+    def run(self, max_steps: int = 100_000) -> list[Response]:
+        """Step until every submitted request is answered; responses in completion order."""
+        done: list[Response] = []
+        for _ in range(max_steps):
+            if not self.has_work():
+                return done
+            done += self.step()
+        raise RuntimeError(f"{type(self).__name__} still busy after {max_steps} steps")
+
+    def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
+                 sampling: SamplingParams = SamplingParams()) -> list[Response]:
+        """Submit every prompt, step until each is answered, return responses in prompt order.
+
+        Responses of other requests completed meanwhile stay for the next `step`.
+        """
+        ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
+        for _ in range(100_000):
+            if all(i in self.book.outbox for i in ids):
+                return self.book.hand_over(ids)
+            for ended in self._advance():
+                self._end(ended)
+        raise RuntimeError(f"{type(self).__name__} still busy after 100000 steps")
+
+    # -- what the backends share -------------------------------------------------------------
+    def _event(self, kind: str, request_id: str, tenant: str, detail: str = "", pages: tuple[int, ...] = ()) -> None:
+        self.log.add(Event(self.clock.now, self.door, kind, request_id, tenant, pages, detail))
+
+    def _end(self, ended: Finished) -> None:
+        """`ended.seq` has left the server: answer its client and forget it."""
+        seq = self.seqs.pop(ended.seq.request_id)
+        self.book.answer(to_response(ended.seq, ended.status, ended.error, self.tokenizer))
+        assert seq.uid == ended.seq.uid, f"{seq.request_id} ended as another request"
+

@@ -1,0 +1,86 @@
+"""Runs one batch through the model over a page pool, and picks each request's next token.
+
+Shared by the single-node engine and both roles of the disaggregated pair: whoever decides
+*which* requests run (a scheduler, a queue) hands the batch here, and whoever owns the requests
+applies the result (`Scheduler.postprocess`). The runner changes no sequence. It logs what is written and
+read, and turns the audit's findings for this forward into `cross_read` events.
+
+An exception while serving a request is that request's failure, never the node's: sampling
+errors come back for the one request, a failed forward for every request of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.events import Event, EventLog
+from minikv.model.llama import Llama
+from minikv.engine.page_pool import PagePool
+from minikv.engine.paged_step import PagedStep, SeqSlice
+from minikv.engine.request import Sequence
+from minikv.model.sampling import sample_next
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What the model runner chose for one request: a token, or why it could not."""
+
+    token: int | None = None
+    error: str | None = None
+
+
+def failure(e: Exception) -> str:
+    """The one-line reason a 500 carries."""
+    return f"internal error while serving this request: {type(e).__name__}: {e}"
+
+
+class ModelRunner:
+    """The model, one node's pool and audit, and the event log it reports to."""
+
+    def __init__(self, model: Llama, pool: PagePool, audit: OwnershipAudit | None, log: EventLog, node: str) -> None:
+        self.model, self.pool, self.audit, self.log, self.node = model, pool, audit, log, node
+
+    @torch.inference_mode()
+    def run(self, step_no: int, phase: str, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[Sampled]:
+        """Compute K/V for each sequence's `new_tokens` after its cached ones; return each next token.
+
+        Every sequence must already own pages for all of its tokens. Samples with each
+        sequence's own generator (advancing it), and changes nothing else.
+        """
+        slices, ids = [], []
+        ps = self.pool.page_size
+        for seq, toks in zip(seqs, new_tokens):
+            start, end = seq.num_cached, seq.num_cached + len(toks)
+            assert len(seq.block_table) * ps >= end, f"{seq.request_id} has pages for {len(seq.block_table) * ps} tokens, needs {end}"
+            assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} would write into a shared page"
+            slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
+            ids += toks
+            if self.log.enabled:
+                written = tuple(seq.block_table[start // ps : self.pool.pages_for(end)])
+                self.log.add(Event(step_no, self.node, "write", seq.request_id, seq.tenant, written,
+                                   f"{phase}: {len(toks)} token(s) at positions {start}..{end - 1}"))
+                self.log.add(Event(step_no, self.node, "read", seq.request_id, seq.tenant,
+                                   tuple(seq.block_table[: self.pool.pages_for(end)]), f"attend over {end} tokens"))
+        device = self.model.device
+        step = PagedStep(self.pool, slices, self.audit)  # block tables, positions, slots: tensors, once per step
+        try:
+            logits = self.model(torch.tensor(ids, device=device), step.positions, step, logits_index=step.last_rows,
+                                last_layer_on_logits_only=True)  # (B, V): each request's last token only
+        except Exception as e:  # noqa: BLE001 - the batch fails, the node goes on
+            return [Sampled(error=failure(e)) for _ in seqs]
+        for e in step.findings:
+            victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"
+            self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages, f"victim={victim}"))
+        top = logits.argmax(-1).tolist()  # (B,) the greedy choice of every row in one call, as sample_next's
+        return [Sampled(token=top[b]) if seq.sampling.greedy else self.sample(seq, logits[b]) for b, seq in enumerate(seqs)]
+
+    @staticmethod
+    def sample(seq: Sequence, logits: torch.Tensor) -> Sampled:
+        """One request's next token from its logits (V,), or the reason it could not be chosen."""
+        try:
+            return Sampled(token=sample_next(logits, seq.sampling, seq.generator))
+        except Exception as e:  # noqa: BLE001 - one request's failure, not the batch's
+            return Sampled(error=failure(e))

@@ -1,0 +1,214 @@
+"""A request as a client sends it, the engine's running state for it (a Sequence), and its answer.
+
+The answer is shaped like an HTTP API's reply, because the incident's lesson is that a status
+code can lie: a 200 with a fluent answer can still be wrong, so a Response carries everything a
+monitor could look at (status, text, token usage, time to first token, per-token times, error).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from http import HTTPStatus
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from minikv.model.sampling import SamplingParams
+from minikv.model.tokenizer import decode
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away; http.HTTPStatus has none
+DETOKENIZE_CONTEXT = 5  # tokens before the new ones decoded with them, so a tokenizer that joins pieces joins them right
+
+
+@dataclass(frozen=True)
+class Request:
+    """What arrives at the API: who, what, how much to generate, and where to stop."""
+
+    prompt: str
+    tenant: str = "anon"
+    max_tokens: int = 64
+    sampling: SamplingParams = SamplingParams()
+    request_id: str | None = None  # the client's own id: echoed back in the response, never used to route
+    cache_salt: str | None = None  # prefix-cache namespace: only requests with the same salt share pages
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these strings (OpenAI's `stop`)
+
+
+class SeqStatus(Enum):
+    """Where a sequence is on its node: the scheduler's view, not why it ended."""
+
+    WAITING = "waiting"  # admitted, no pages yet (or preempted, pages given back)
+    RUNNING = "running"  # holds pages; prefilled or decoding
+    FINISHED = "finished"  # ended on this node; holds no pages (decode's deferred release may hold them until writes land)
+
+
+_uids = itertools.count(1)
+
+
+@dataclass
+class Sequence:
+    """The engine's view of one admitted request: tokens, pages, progress, timings, text so far.
+
+    Three fields say something about the end, and each says one thing:
+    - `status` is where the sequence is on its node (WAITING, RUNNING, FINISHED);
+    - `finish_reason` is why it ended, set once when it does ("stop", "length", "abort", or
+      "transferred" for the prefill half of a disaggregated request); `finished()` reads it;
+    - `to_finish` is a finish *decided but not yet applied*, named as in SGLang's `Req.to_finish`.
+      It sets nothing else: until a queue gate reads it, the request looks alive to `finished()`.
+      That gap is the incident (see disagg/prefill_node.py).
+    """
+
+    request_id: str  # the engine's id
+    tenant: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    arrival_s: float
+    uid: int = field(default_factory=lambda: next(_uids))  # numeric id for the audit ledger
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_cached: int = 0  # tokens whose K/V are in the pool
+    status: SeqStatus = SeqStatus.WAITING
+    first_token_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    generator: torch.Generator | None = None  # per-request sampler state; None when greedy
+    client_request_id: str | None = None  # echoed back in the response
+    stop: tuple[str, ...] = ()
+    # The reply's text, decoded incrementally (vLLM's detokenizer): tokens[text_from:text_upto] were
+    # decoded last time, and only what follows them is new. Cut before a stop string once one is found.
+    text: str = ""
+    text_from: int = 0
+    text_upto: int = 0
+    stopped_at_string: bool = False  # a stop string was found: `text` is final
+    # Prefix caching (prefix_cache.py): the key of each full prompt page (empty when the node has
+    # no cache), and how many prompt tokens came from the cache when the request was first admitted.
+    cache_keys: list[bytes] = field(default_factory=list)
+    cached_tokens: int = 0
+    # Disaggregated serving only (see disagg/): an abort decided at intake but not yet applied
+    # (SGLang's `to_finish`), and the transfer room that pairs prefill with decode.
+    to_finish: str | None = None
+    room: int | None = None
+
+    def __post_init__(self) -> None:
+        self.text_from = max(0, len(self.prompt_ids) - DETOKENIZE_CONTEXT)
+        self.text_upto = len(self.prompt_ids)
+        if self.generator is None:
+            self.generator = self.sampling.new_generator()
+
+    @classmethod
+    def of(cls, request: Request, request_id: str, prompt_ids: list[int], arrival_s: float, **fields) -> Sequence:
+        """The one place a checked Request becomes a Sequence (every door and node calls it)."""
+        name = request.request_id if isinstance(request.request_id, str) else None
+        return cls(request_id, request.tenant, list(prompt_ids), request.max_tokens, request.sampling, arrival_s,
+                   client_request_id=name, stop=tuple(request.stop), **fields)
+
+    def copy_for_node(self) -> Sequence:
+        """Another node's own copy (as separate servers each keep one): same identity, own lists and sampler."""
+        return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
+                        self.arrival_s, uid=self.uid, client_request_id=self.client_request_id, stop=self.stop,
+                        cache_keys=list(self.cache_keys), room=self.room)
+
+    def finished(self) -> bool:
+        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's `Req.finished()`)."""
+        return self.finish_reason is not None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_seq_len(self) -> int:
+        """The most tokens this request can ever hold: prompt plus every generated token."""
+        return len(self.prompt_ids) + self.max_tokens
+
+    def update_text(self, tokenizer: PreTrainedTokenizerBase) -> bool:
+        """Bring `text` up to the last generated token, decoding only the new ones (a piece that
+        decodes to U+FFFD, half of a multi-byte character, waits for the next token). Returns whether
+        a stop string now ends the text, which is then cut before it and final."""
+        tokens = self.tokens
+        if self.stopped_at_string or self.text_upto == len(tokens):
+            return self.stopped_at_string
+        shown = decode(tokenizer, tokens[self.text_from : self.text_upto])
+        both = decode(tokenizer, tokens[self.text_from :])
+        if len(both) <= len(shown) or both.endswith("\ufffd"):
+            return False
+        new = both[len(shown) :]
+        self.text += new
+        self.text_from, self.text_upto = self.text_upto, len(tokens)
+        tail_from = max(0, len(self.text) - len(new) - max((len(s) for s in self.stop), default=0) + 1)
+        hits = [i for i in (self.text.find(s, tail_from) for s in self.stop) if i >= 0]
+        if hits:
+            self.text, self.stopped_at_string = self.text[: min(hits)], True
+        return self.stopped_at_string
+
+    def visible_text(self) -> str:
+        """What may be shown to the client now: while it runs, not a tail that could start a stop string."""
+        if self.finished() or not self.stop:
+            return self.text
+        return self.text[: max(0, len(self.text) - max(len(s) for s in self.stop) + 1)]
+
+
+@dataclass
+class Usage:
+    """Token counts as the API reports them (prompt_tokens is what the client *sent*)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache, not prefill
+
+
+@dataclass
+class Response:
+    """One request's answer."""
+
+    request_id: str
+    tenant: str
+    status: int  # 200 served, 400 refused (the error says why), 499 cancelled, 500 failed, 503 unavailable
+    text: str = ""
+    usage: Usage = field(default_factory=Usage)
+    ttft_s: float | None = None  # seconds from arrival to the first generated token
+    token_times_s: list[float] = field(default_factory=list)  # arrival -> each token
+    error: str | None = None
+    finish_reason: str | None = None  # "stop" (end of text or a stop string), "length" (max tokens), "abort"
+    client_request_id: str | None = None  # the client's own id, echoed back; never used to route
+
+    def __post_init__(self) -> None:
+        self.status = int(self.status)  # an HTTPStatus prints as its name in lists; keep the plain number
+
+    def to_json(self) -> dict:
+        """The public contract: status, text, usage, ttft_s, error."""
+        return {"status": self.status, "text": self.text, "usage": asdict(self.usage), "ttft_s": self.ttft_s,
+                "error": self.error}
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a request left a node: the sequence, its status, and the error when not 200."""
+
+    seq: Sequence
+    status: int
+    error: str | None = None
+
+
+def to_response(seq: Sequence, status: int, error: str | None, tokenizer: PreTrainedTokenizerBase) -> Response:
+    """The one way a Sequence becomes a Response: a 200 carries the text and usage; anything else
+    carries no text and no generated tokens (the client received none)."""
+    if status != HTTPStatus.OK:
+        return error_response(seq.request_id, seq.tenant, status, error or "", len(seq.prompt_ids), seq.client_request_id)
+    seq.update_text(tokenizer)
+    return Response(seq.request_id, seq.tenant, status, seq.text,
+                    Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens), seq.first_token_s,
+                    list(seq.token_times_s), None, seq.finish_reason, seq.client_request_id)
+
+
+def error_response(request_id: str, tenant: str, status: int, reason: str, prompt_tokens: int = 0,
+                   client_request_id: str | None = None) -> Response:
+    """An answer with no text: 400 refused (the reason names the numbers), 499, 500, 503."""
+    return Response(request_id, tenant, status, usage=Usage(prompt_tokens, 0), error=reason, finish_reason="abort",
+                    client_request_id=client_request_id)

@@ -1,0 +1,191 @@
+"""Continuous batching: which requests run in the next step, where their pages come from, and
+what each step's outcome does to every request (`postprocess`, the one owner of a request's step).
+
+Requests join and leave between steps. Each step is either a *prefill* (waiting requests'
+prompts, up to a token budget) or a *decode* (one token for every running request). A waiting
+request is admitted only when the pool has pages for its whole current length; a decoding
+request that needs one more page and finds none preempts the most recently admitted request,
+which gives its pages back and is recomputed later. Nothing is over-committed and nothing dropped.
+
+With prefix caching, a waiting request first looks up the leading full pages of its prompt in
+the cache: it takes those pages (one more reference each) and prefills only the rest. The pool
+check counts what the request really uses up: its new pages, plus any hit that nobody held.
+
+The single-node engine uses all of it. The disaggregated nodes keep only their own queues and
+hand batches to the same scheduler, as SGLang's scheduler mixins do: the prefill node its waiting
+queue (`schedule_prefill`, with its queue gate), the decode node its running batch
+(`schedule_decode`, `postprocess`). nano-vllm's `Scheduler.postprocess` is the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from minikv.engine.events import Clock, Event, EventLog
+from minikv.engine.model_runner import Sampled
+from minikv.engine.page_pool import PagePool
+from minikv.engine.request import Finished, Sequence, SeqStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """The next step's work: the phase, and for each request the tokens it runs."""
+
+    phase: Literal["prefill", "decode"]
+    seqs: list[Sequence]
+    new_tokens: list[list[int]]  # per sequence: token ids whose K/V this step computes
+
+
+class Scheduler:
+    """Waiting queue, running batch, the page bookkeeping between them, and each step's outcome."""
+
+    def __init__(self, pool: PagePool, log: EventLog, node: str, clock: Clock, tokenizer: PreTrainedTokenizerBase,
+                 max_prefill_tokens: int, max_batch_size: int | None = None) -> None:
+        self.pool, self.log, self.node, self.clock, self.tokenizer = pool, log, node, clock, tokenizer
+        self.max_prefill_tokens, self.max_batch_size = max_prefill_tokens, max_batch_size
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _event(self, kind: str, seq: Sequence, pages: list[int] | tuple[int, ...] = (), detail: str = "") -> None:
+        self.log.add(Event(self.clock.now, self.node, kind, seq.request_id, seq.tenant, tuple(pages), detail))
+
+    # -- the decision --------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Prefill waiting requests if any fit, else decode every running one."""
+        batch = self.schedule_prefill()
+        return batch if batch is not None else self.schedule_decode()
+
+    def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
+        """Admit waiting requests, oldest first, while pages and the token budget last.
+
+        `gate(seq)` (the prefill node's queue gate) says whether a request may go on; one it
+        stops, it retires itself. Admitted requests join `running` with pages for every token.
+        """
+        seqs, budget, cache, ps = [], self.max_prefill_tokens, self.pool.prefix_cache, self.pool.page_size
+        for seq in list(self.waiting):
+            if self.max_batch_size is not None and len(self.running) >= self.max_batch_size:
+                break
+            if gate is not None and not gate(seq):
+                continue
+            hits = cache.match(seq.cache_keys, seq.seq_len) if cache is not None and not seq.block_table else []
+            todo = seq.seq_len - max(seq.num_cached, len(hits) * ps)
+            if seqs and todo > budget:
+                break  # the budget is spent; it goes first next step
+            need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
+            if not self.pool.can_allocate(need, hits):
+                break  # temporarily full: wait for pages to come back
+            self.waiting.remove(seq)
+            if hits:
+                self.pool.allocate(0, seq.request_id, cached=hits)
+                seq.block_table, seq.num_cached = list(hits), len(hits) * ps
+                if not seq.output_ids:  # usage reports the first admission's hits, as vLLM does
+                    seq.cached_tokens = seq.num_cached
+                self._event("cache_hit", seq, hits, f"{seq.num_cached} prompt tokens from the prefix cache")
+            pages = self.pool.allocate(need, seq.request_id)
+            seq.block_table += pages
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            self._event("allocate", seq, pages, f"{need} pages for {seq.seq_len} tokens")
+            seqs.append(seq)
+            budget -= todo
+        if not seqs:
+            return None
+        return ScheduledBatch("prefill", seqs, [s.tokens[s.num_cached :] for s in seqs])
+
+    def schedule_decode(self) -> ScheduledBatch | None:
+        """One token for every running request; one that needs a page and finds none preempts."""
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            while len(seq.block_table) * self.pool.page_size <= seq.num_cached:
+                if self.pool.can_allocate(1):
+                    page = self.pool.allocate(1, seq.request_id)
+                    seq.block_table += page
+                    self._event("allocate", seq, page, "1 page to keep decoding")
+                    continue
+                victim = next((s for s in reversed(self.running) if s is not seq), None)
+                if victim is None:
+                    raise AssertionError("admission let in a request the whole pool cannot hold")
+                self.preempt(victim)
+        if not self.running:
+            return None
+        return ScheduledBatch("decode", list(self.running), [[s.tokens[-1]] for s in self.running])
+
+    # -- after the forward -------------------------------------------------------------------
+    def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:
+        """After a prefill forward: name each served request's full prompt pages (their K/V are now
+        in the pool) in the prefix cache, before a request that finishes frees them."""
+        if self.pool.prefix_cache is None or batch.phase != "prefill":
+            return
+        for seq, tokens, choice in zip(batch.seqs, batch.new_tokens, sampled, strict=True):
+            if choice.error is None:
+                self.pool.prefix_cache.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached + len(tokens))
+
+    def postprocess(self, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> list[Finished]:
+        """Apply one step's outcome to each sequence: the requests that ended, for their owner to release.
+
+        Args:
+            seqs: the batch, in the order the runner saw it.
+            sampled: the runner's choice for each sequence (a token, or why none could be chosen).
+            num_new: how many tokens' K/V each sequence's step put into the pool.
+        """
+        now, ended = time.perf_counter(), []
+        for seq, choice, n in zip(seqs, sampled, num_new, strict=True):
+            if choice.error is not None:  # that request fails alone (500); the batch goes on
+                seq.finish_reason = "abort"
+                ended.append(Finished(seq, HTTPStatus.INTERNAL_SERVER_ERROR, choice.error))
+                continue
+            assert choice.token is not None and seq.finish_reason is None, f"{seq.request_id} stepped after it ended"
+            seq.num_cached += n
+            seq.output_ids.append(choice.token)
+            seq.token_times_s.append(now - seq.arrival_s)
+            if seq.first_token_s is None:
+                seq.first_token_s = now - seq.arrival_s
+            seq.finish_reason = self.finish_rule(seq)
+            if seq.finish_reason is not None:
+                ended.append(Finished(seq, HTTPStatus.OK))
+        return ended
+
+    def finish_rule(self, seq: Sequence) -> str | None:
+        """The finish rule, written once: "stop" at end of text or a stop string, "length" at max_tokens."""
+        if seq.output_ids[-1] == self.tokenizer.eos_token_id:
+            return "stop"
+        if seq.stop and seq.update_text(self.tokenizer):
+            return "stop"
+        if len(seq.output_ids) >= seq.max_tokens:
+            return "length"
+        return None
+
+    # -- leaving the batch -------------------------------------------------------------------
+    def preempt(self, seq: Sequence) -> None:
+        """Give `seq`'s pages back and requeue it first; its tokens are recomputed later."""
+        self.running.remove(seq)
+        self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
+        self.pool.free(seq.block_table, seq.request_id)
+        seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def release(self, seq: Sequence, reason: str) -> None:
+        """`seq` leaves this node (finished, cancelled, failed, handed on): free its pages, unscrubbed."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.block_table:
+            self._event("free", seq, seq.block_table, reason)
+            self.pool.free(seq.block_table, seq.request_id)
+        seq.block_table = []
+        seq.status = SeqStatus.FINISHED

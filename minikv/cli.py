@@ -197,17 +197,16 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return run_probe(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minikv", description="a small paged-KV inference engine")
-    sub = parser.add_subparsers(dest="command", required=True)
+def engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
+    p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
+    p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
 
-    def engine_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
-        p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-        p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
-        p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
-        p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
 
+def add_engine_commands(sub) -> None:
+    """info, generate, demo, train, bench: the commands that load the model in this process."""
     p = sub.add_parser("info", help="model, device, parameters, KV bytes per token, pool and context")
     engine_args(p)
     p.set_defaults(func=cmd_info)
@@ -256,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
     p.set_defaults(func=cmd_bench)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minikv", description="a small paged-KV inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_engine_commands(sub)
     p = sub.add_parser("scan-logs", help="the customer checklist over a gateway log")
     scan.add_scan_logs_arguments(p)
     p.set_defaults(func=scan.run_scan_logs)

@@ -152,16 +152,16 @@ def test_a_fault_mid_decode_on_the_cluster_frees_both_halves(tiny, monkeypatch):
 @pytest.mark.parametrize("kind", SERVERS)
 def test_a_fault_while_checking_a_request_is_a_500_for_it_alone(tiny, kind, monkeypatch):
     """If checking one request raises (here: the tokenizer), that request gets a 500; the next is served."""
-    import minikv.engine.admission
+    import minikv.engine.front_door
 
-    real = minikv.engine.admission.encode_prompt
+    real = minikv.engine.front_door.encode_prompt
 
     def fragile(tokenizer, prompt):
         if prompt.startswith("dave"):
             raise TypeError("injected fault")
         return real(tokenizer, prompt)
 
-    monkeypatch.setattr(minikv.engine.admission, "encode_prompt", fragile)
+    monkeypatch.setattr(minikv.engine.front_door, "encode_prompt", fragile)
     server = SERVERS[kind](tiny)
     bad = server.submit(Request("dave: save pin 1111.\n", "dave", 24))
     good = server.submit(Request(PROMPTS[0], "alice", 24))

@@ -205,43 +205,51 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         del runners["hf_generate_batch"]
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
-        checked: dict[str, Run] = {}
-        for name, run in runners.items():  # 1. warm-up, then the run whose outputs are checked
-            bar.set_postfix_str(name)
-            before = bar.n
-            try:
-                run(workload[: settings.warmup_requests])
-                bar.update()
-                checked[name] = run(workload)
-                bar.update()
-            except Exception as e:  # only transformers' batching may fail, and is then reported
-                if name != "hf_generate_batch":
-                    raise
-                report.unavailable[name] = f"{type(e).__name__}: {e}"
-                bar.update(2 + settings.repeats - (bar.n - before))  # the runs it will not have
-        reference = checked["hf_sequential"].completions
-        report.mismatched = {name: mismatches(reference, run.completions) for name, run in checked.items()}
-        timed: dict[str, list[Run]] = {name: [run] if settings.time_checked_run else [] for name, run in checked.items()}
-        for repeat in range(settings.repeats):  # 2. timed, interleaved, every other repeat in reverse
-            for name in (list(timed) if repeat % 2 == 0 else list(reversed(timed))):
-                bar.set_postfix_str(name)
-                run = runners[name](workload)
-                report.mismatched[name] = sorted(set(report.mismatched[name]) | set(mismatches(reference, run.completions)))
-                timed[name].append(run)
-                bar.update()
+        timed = time_systems(runners, workload, settings, report, bar)
         report.runs = timed
         report.results = {name: summarize(runs) for name, runs in timed.items()}
-        report.kv = kv_memory(tokenizer, workload, reference)
+        report.kv = kv_memory(tokenizer, workload, timed["hf_sequential"][-1].completions)
         bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
         bar.set_postfix_str("roofline")  # 4. the same decode step, and a prefill, against matmuls of their shapes
         report.roofline = measure_roofline(model, systems.prompt_ids(tokenizer, workload), PAGE_SIZE, settings.step_iters)
         bar.update()
-        bar.set_postfix_str("shared prefixes")  # 4. prefix caching off / on / on with cache_salt
+        bar.set_postfix_str("shared prefixes")  # 5. prefix caching off / on / on with cache_salt
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,
                                                                           settings.repeats, settings.seed)
         bar.update()
     return report
+
+
+def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], workload: list[BenchRequest],
+                 settings: BenchSettings, report: BenchReport, bar) -> dict[str, list[Run]]:
+    """1. every system's warm-up and checked run (outputs against hf_sequential's), then 2. the timed
+    runs, interleaved, every other repeat in reverse. Mismatches go into `report`; the timed runs come back."""
+    checked: dict[str, Run] = {}
+    for name, run in runners.items():
+        bar.set_postfix_str(name)
+        before = bar.n
+        try:
+            run(workload[: settings.warmup_requests])
+            bar.update()
+            checked[name] = run(workload)
+            bar.update()
+        except Exception as e:  # only transformers' batching may fail, and is then reported
+            if name != "hf_generate_batch":
+                raise
+            report.unavailable[name] = f"{type(e).__name__}: {e}"
+            bar.update(2 + settings.repeats - (bar.n - before))  # the runs it will not have
+    reference = checked["hf_sequential"].completions
+    report.mismatched = {name: mismatches(reference, run.completions) for name, run in checked.items()}
+    timed: dict[str, list[Run]] = {name: [run] if settings.time_checked_run else [] for name, run in checked.items()}
+    for repeat in range(settings.repeats):
+        for name in (list(timed) if repeat % 2 == 0 else list(reversed(timed))):
+            bar.set_postfix_str(name)
+            run = runners[name](workload)
+            report.mismatched[name] = sorted(set(report.mismatched[name]) | set(mismatches(reference, run.completions)))
+            timed[name].append(run)
+            bar.update()
+    return timed
 
 
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:

@@ -19,7 +19,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.engine.admission import check_pool
+from minikv.engine.front_door import check_pool
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.config import EngineConfig
 from minikv.engine.events import Clock, EventLog

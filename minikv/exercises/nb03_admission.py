@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Callable
 
-from minikv.engine.admission import Rejected, check_context, check_pool
+from minikv.engine.front_door import Rejected, check_context, check_pool
 from minikv.exercises import expect
 
 

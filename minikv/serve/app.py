@@ -27,14 +27,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minikv.engine.request import Request
-from minikv.serve.auth import tenant_for
 from minikv.engine.request import Response as Answer
 from minikv.serve.engine_loop import EngineLoop, Ticket
-from minikv.serve.errors import APIError, engine_refusal
 from minikv.serve.gateway import CallRecord, GatewayLog
 from minikv.serve.schemas import (
-    MAX_STOP_STRINGS, ChatBody, CompletionBody, SamplingFields, chat_prompt, chunk_body, completion_body,
-    completion_prompt, to_request, usage_body,
+    MAX_STOP_STRINGS, APIError, ChatBody, CompletionBody, SamplingFields, chat_prompt, chunk_body, completion_body,
+    completion_prompt, engine_refusal, to_request, usage_body,
 )
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a thousand times the shipped model's context window
@@ -67,6 +65,38 @@ class Call:
         ttft_ms = 1000 * (ttft_s if ttft_s is not None else time.perf_counter() - self.arrived_s)
         return CallRecord(self.arrived, self.api_id, self.account, model, self.prompt_tokens,
                           completion_tokens, ttft_ms, status, text)
+
+
+# -- keys: the tenant a request runs as comes from its key, never its body ----------------------
+ANONYMOUS = "anon"  # every caller's tenant when the server was started without keys
+
+
+def parse_api_keys(specs: list[str]) -> dict[str, str]:
+    """`TENANT=KEY` strings -> {key: tenant}; ValueError naming the bad one."""
+    keys: dict[str, str] = {}
+    for spec in specs:
+        tenant, sep, key = spec.partition("=")
+        if not sep or not tenant or not key:
+            raise ValueError(f"--api-key wants TENANT=KEY, got {spec.split('=')[0]!r}=...")
+        if key in keys:
+            raise ValueError(f"the same key is given to tenants {keys[key]!r} and {tenant!r}")
+        keys[key] = tenant
+    return keys
+
+
+def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
+    """The tenant this Authorization header belongs to, or a 401 in OpenAI's shape."""
+    if not keys:
+        return ANONYMOUS
+    if not authorization:
+        raise APIError(HTTPStatus.UNAUTHORIZED, "missing API key: send 'Authorization: Bearer <key>'",
+                       "invalid_api_key", kind="authentication_error")
+    scheme, _, key = authorization.partition(" ")
+    tenant = keys.get(key.strip()) if scheme.lower() == "bearer" else None
+    if tenant is None:
+        raise APIError(HTTPStatus.UNAUTHORIZED, "incorrect API key provided", "invalid_api_key",
+                       kind="authentication_error")
+    return tenant
 
 
 def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) -> FastAPI:
@@ -111,42 +141,45 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest) -> Response:
-        return await serve_call(http, chat=False)
+        return await serve_call(http, False, loop, settings, gateway)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http: HTTPRequest) -> Response:
-        return await serve_call(http, chat=True)
-
-    async def serve_call(http: HTTPRequest, chat: bool) -> Response:
-        call = Call(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", datetime.now(timezone.utc),
-                    time.perf_counter(), chat)
-        try:
-            call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
-            body = parse_body(await read_body(http, settings.max_body_bytes), ChatBody if chat else CompletionBody)
-            request = engine_request(body, call.account, settings)
-        except APIError as e:
-            gateway.write(call.record(settings.model_name, e.status, 0, None, ""))
-            return e.response()
-        ticket = Ticket(request, body.stream, asyncio.get_running_loop())
-        loop.submit(ticket)
-        first = await next_update(ticket, http)
-        if not body.stream and isinstance(first, str):
-            first = await whole_outcome(ticket, http)
-        if first is None:  # the client left before the reply was ready
-            loop.cancel(ticket)
-            gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, None, ""))
-            return Response(status_code=499)
-        if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
-            call.prompt_tokens = first.usage.prompt_tokens
-            gateway.write(call.record(settings.model_name, first.status, first.usage.completion_tokens, first.ttft_s, first.text))
-            if first.status != HTTPStatus.OK:
-                return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()
-            usage = usage_body(first.usage)
-            return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
-        events = stream_events(ticket, first, call, body, settings.model_name, loop, gateway)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await serve_call(http, True, loop, settings, gateway)
 
     return app
+
+
+async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: ServerSettings,
+                     gateway: GatewayLog) -> Response:
+    """One completion call: key, body, the engine's answer (whole or streamed), and its gateway record."""
+    call = Call(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", datetime.now(timezone.utc),
+                time.perf_counter(), chat)
+    try:
+        call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
+        body = parse_body(await read_body(http, settings.max_body_bytes), ChatBody if chat else CompletionBody)
+        request = engine_request(body, call.account, settings)
+    except APIError as e:
+        gateway.write(call.record(settings.model_name, e.status, 0, None, ""))
+        return e.response()
+    ticket = Ticket(request, body.stream, asyncio.get_running_loop())
+    loop.submit(ticket)
+    first = await next_update(ticket, http)
+    if not body.stream and isinstance(first, str):
+        first = await whole_outcome(ticket, http)
+    if first is None:  # the client left before the reply was ready
+        loop.cancel(ticket)
+        gateway.write(call.record(settings.model_name, 499, ticket.tokens_seen, None, ""))
+        return Response(status_code=499)
+    if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
+        call.prompt_tokens = first.usage.prompt_tokens
+        gateway.write(call.record(settings.model_name, first.status, first.usage.completion_tokens, first.ttft_s, first.text))
+        if first.status != HTTPStatus.OK:
+            return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()
+        usage = usage_body(first.usage)
+        return JSONResponse(completion_body(call.api_id, settings.model_name, chat, first.text, first.finish_reason, usage))
+    events = stream_events(ticket, first, call, body, settings.model_name, loop, gateway)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def read_body(http: HTTPRequest, limit: int) -> bytes:

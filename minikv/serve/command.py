@@ -43,7 +43,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
 def check_args(args: argparse.Namespace):
     """Keys and switches, checked before the slow model load: ({key: tenant}, SafetySwitches)."""
     from minikv.disagg.switches import SafetySwitches
-    from minikv.serve.auth import parse_api_keys
+    from minikv.serve.app import parse_api_keys
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")

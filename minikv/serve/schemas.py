@@ -1,5 +1,8 @@
 """What a client may send, checked before anything reaches the engine, and the bodies sent back.
 
+Errors come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with a real
+status, so a client library sees what it sees from OpenAI, vLLM or SGLang and can read `code`.
+
 Types are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7); values
 are checked by the engine's own admission (`max_tokens` <= 0, `top_p` of 3, an over-length
 prompt), so the HTTP server and the in-process API refuse the same requests with the same words.
@@ -10,8 +13,10 @@ OpenAI API's clients send them freely.
 from __future__ import annotations
 
 import time
+from http import HTTPStatus
 from typing import Literal
 
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from minikv.engine.request import Request, Usage
@@ -131,3 +136,42 @@ def chunk_body(api_id: str, model: str, chat: bool, created: int, text: str | No
     if usage is not None:
         out["usage"] = usage
     return out
+
+
+# --- errors --------------------------------------------------------------------------------
+REQUEST_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop", "cache_salt", "prompt", "messages", "n")
+
+
+class APIError(Exception):
+    """A request the server answers with an error body instead of a completion."""
+
+    def __init__(self, status: HTTPStatus, message: str, code: str | None = None, param: str | None = None,
+                 kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=int(self.status))
+
+
+def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
+    """The error for a response the engine (or the cluster) did not serve.
+
+    A 400 that counted the prompt (prompt_tokens > 0) is a length refusal: the prompt, or the
+    prompt plus max_tokens, does not fit what the engine can hold. The engine's reason names
+    both numbers and is passed on unchanged.
+    """
+    if status == HTTPStatus.BAD_REQUEST:
+        if prompt_tokens > 0:
+            return APIError(HTTPStatus.BAD_REQUEST, reason, "context_length_exceeded", "prompt")
+        first_word = reason.split(" ", 1)[0]
+        return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", first_word if first_word in REQUEST_FIELDS else None)
+    if status == 499:
+        return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
+    if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason, "unavailable")
+    return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, reason or "the engine failed this request", "engine_error")

@@ -60,14 +60,12 @@ class Ready:
 @dataclass(frozen=True)
 class InFlight:
     """Prefill: the request's KV is posted (a cancel now races a late write)."""
-
     request_id: str
 
 
 @dataclass(frozen=True)
 class Tokens:
     """Decode: the tokens generated since the last message (what the server streams)."""
-
     request_id: str
     ids: list[int]
 
@@ -75,7 +73,6 @@ class Tokens:
 @dataclass(frozen=True)
 class Ended:
     """Decode: how a request left (its Sequence travels without its sampler, which does not pickle)."""
-
     seq: Sequence
     status: int
     error: str | None
@@ -84,7 +81,6 @@ class Ended:
 @dataclass(frozen=True)
 class Report:
     """A worker's pool occupancy and what its audit saw, after every change."""
-
     rank: int
     report: dict
 
@@ -92,6 +88,5 @@ class Report:
 @dataclass(frozen=True)
 class WorkerFailed:
     """The worker failed and is exiting; the text is its error."""
-
     rank: int
     text: str

@@ -1,16 +1,12 @@
 """Attention over a KV cache: the interface every cache implements, and the dense reference.
 
-Three attention paths serve the engine, one file each: this one (dense: a batch attends within
-itself under an explicit mask; training and the reference), gather.py (a request's context
-gathered through its block table, then SDPA: prefill on a CPU) and tiles.py (one call for a
-whole batch of requests of different lengths, page by page: decode, and everything on a GPU).
-
-The model never owns its keys and values. Each attention layer hands the new tokens' K/V to a
-*backend* object chosen by the caller; the backend stores them wherever it keeps its cache (a
-contiguous tensor, a shared page pool, or nowhere at all for training) and then attends the
-queries over everything the sequence may see. Swapping the backend is how notebook 01's
-contiguous cache and notebook 02's paged pool plug into the very same model.
+The model never owns its keys and values: each layer hands its new K/V to a *backend* chosen by the
+caller (a contiguous cache, a page pool, nothing at all), which stores them and attends the
+queries over what each sequence may see. Three paths serve the engine, one file each: this one (a
+batch attending within itself under a mask: training and the reference), gather.py (each request's
+context gathered through its block table, then SDPA) and tiles.py (one call for a whole batch).
 """
+
 
 from __future__ import annotations
 

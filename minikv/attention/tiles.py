@@ -1,27 +1,15 @@
 """One attention call for a whole batch of requests of different lengths, read straight from pages.
 
-The varlen tiles: the fast path of the three (attention/dense.py names them).
-
-A step's requests each add `num_new` queries after `start` cached tokens, and each may see its
-own keys `0 .. start + i`. Padding every request to the longest wastes most of the work (12x in
-prefill on the benchmark's mix); a loop over requests pays one gather and one SDPA launch per
-request per layer. This file does what FlashAttention's varlen API and vLLM's paged-attention
-kernels do, with plain tensor operations that run on any device:
-
-- **tiles**: each request's queries are cut into blocks of `block_q` rows (1 in decode), and
-  each block meets every key block of its request's context it may see (`pages_per_tile` pages,
-  1 in decode), one (query block, key block) *tile* at a time. A tile's keys are read from the
-  pool through the block table, all tiles' in one gather, and no request is padded to another's
-  length;
-- **split softmax**: each tile computes its scores; the row maxima of all tiles of a block are
-  combined with one `scatter_reduce`, and the exponentials and the weighted values are summed
-  back per block with `index_add_` (FlashDecoding's split-K reduction). In decode the weighted
-  values come straight from the pool's rows (`embedding_bag`), with no gathered copy of V.
-
-`TilePlan` (built once per step, in tensor operations) says which tiles exist; `tiled_attention`
-(run by every layer) computes them. The work is the tiles' work: in decode exactly the keys each
-request owns, rounded up to whole pages; in prefill the causal triangle, rounded up to tiles.
+The fast path of the three (dense.py names them), as FlashAttention's varlen API and vLLM's
+paged-attention kernels do it, in plain tensor operations that run on any device. Each request's
+queries are cut into blocks of `block_q` rows (1 in decode); each block meets every key block of
+its own context it may see (`pages_per_tile` pages), one *tile* at a time, all tiles' keys read
+from the pool in one gather, nothing padded to the longest request. A split softmax puts a block's
+tiles back together: the row maxima combined with one `scatter_reduce`, the exponentials and
+weighted values summed with `index_add_` (FlashDecoding's split-K reduction). `TilePlan` (built
+once per step) says which tiles exist; `tiled_attention` (run by every layer) computes them.
 """
+
 
 from __future__ import annotations
 
@@ -141,7 +129,7 @@ def weighted_values(probs: Tensor, v_pages: Tensor, plan: TilePlan) -> Tensor:
     a matrix. With one query per block (decode), `embedding_bag` sums the weighted value rows
     straight from the pool instead (one bag of Bk rows per tile, head and query), so the values are
     never gathered into a copy (in the benchmark's decode step of 32 requests, 2.4 MB a layer, as
-    large as the keys'); tests/test_varlen_attention.py checks it against the gathered product.
+    large as the keys'); tests/test_paged_attention.py checks it against the gathered product.
     """
     n_tiles, KVH, R, Bk = probs.shape
     D = v_pages.shape[-1]

@@ -1,13 +1,11 @@
-"""The front door and the pair behind it: one prefill node, one decode node, one fabric.
+"""The front door over the pair: one prefill node, one decode node, one fabric, in this process.
 
-The front door checks a request's shape and the *advertised* context window (a proxy's job),
-opens a bootstrap room, and hands the request to both nodes, as SGLang's router does. The
-client's answer comes from the decode node, or from the front door when it refuses.
-
-`startup_check` compares the context window with every node's pool when the cluster starts;
-without it the cluster starts happily with a prefill pool smaller than the window, which is
-the configuration the incident ran in.
+It checks a request's shape and the *advertised* window (a proxy's job), opens a bootstrap room and
+hands the request to both nodes, as SGLang's router does; the answer comes from the decode node.
+`startup_check` compares the window with every node's pool at start; without it the cluster starts
+with a prefill pool smaller than the window, the configuration the incident ran in.
 """
+
 
 from __future__ import annotations
 

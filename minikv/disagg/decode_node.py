@@ -1,27 +1,20 @@
 """The decode node: reserves pages, receives a prompt's KV, and generates the reply.
 
 Queues, as in SGLang's decode side:
-    prealloc   the request arrives with its prompt *length*; a KVReceiver is created and the
-               node **preallocates KV for the original input length plus the output**, then
-               advertises those pages to prefill (send_metadata).
+    prealloc   a KVReceiver per request; the node **preallocates KV for the original input
+               length plus the output** and advertises those pages to prefill (send_metadata).
     transfer   polled until the KV has arrived (Success) or the transfer failed.
-    running    the decode batch (the scheduler's running batch): one token per step for every
-               request, no prefill forward; the scheduler's postprocess applies each step.
+    running    the scheduler's running batch: one token per step for every request, no prefill.
 
-Pages are reserved whole at prealloc, so a running request never needs another page. What the
-node checks before decoding over pages it never wrote itself is up to the switches:
+Before decoding over pages it never wrote itself, the node checks what the switches ask:
 `kv_checksum` (count and Adler-32 of what arrived) and `kv_canary` (the poison left in the
-reserved pages must be gone). `deferred_release` holds an aborted request's pages until no
-write aimed at them is still in the network.
-
-The two checks see different things. The canary works page by page: it finds a prompt page the
-transfer never wrote, not stale slots inside a page it did write. A transfer copies whole pages,
-so when an over-length prompt fits in the one page sent (a prefill pool of one page and a prompt
-of exactly one page), that page arrives whole: its slots past the 1-token placeholder carry
-whatever the prefill pool last held, no poison survives, and `kv_canary` alone lets the leak
-through. `kv_checksum` still catches it by the token count (1 sent, 8 in the prompt).
-`tests/test_kv_checks.py` pins which check catches what.
+reserved pages must be gone). They see different things: the canary finds a prompt page the
+transfer never wrote, not stale slots inside a page it did write, so an over-length prompt that
+fits in the one page sent passes it; the checksum still catches that by the token count
+(tests/test_kv_checks.py). `deferred_release` holds an aborted request's pages until no write
+aimed at them is still in the network.
 """
+
 
 from __future__ import annotations
 

@@ -1,24 +1,18 @@
 """The prefill node: computes a prompt's KV and first token, and ships them to decode.
 
 Queues, as in SGLang's prefill side:
-    bootstrap  the request arrives, is checked against the pool, gets a KVSender, and waits
-               until the decode side has advertised its pages; then the transfer is sized
-               from the request's *own* input length.
-    waiting    the prefill forward runs (the scheduler's waiting queue: continuous batching
-               over this node's pool).
+    bootstrap  checked against the pool, a KVSender, waiting for decode to advertise its pages;
+               then the transfer is sized from the request's *own* input length.
+    waiting    the scheduler's waiting queue: the prefill forward (with its prefix cache).
     inflight   the KV is on the wire; polled until Success, then the pages are freed.
 
-The intake check (`check_intake`) is faithful to the real engine: an input longer than
-`min(context_len - 1, pool_tokens - 1)` is marked for abort with status 400 in `to_finish`,
-and its input ids are replaced by `[0]` to skip the long prefill, **but it still joins the
-queue**. Whether it then stops depends on the gates: with `reject_check` off they ask only
-`finished()`, which does not read `to_finish`, so the one-token placeholder is prefilled and
-its single page of KV is transferred as if it were the whole prompt.
-
-The prefill node keeps a prefix cache (as SGLang's prefill side keeps its radix cache): a
-request reuses the cached full pages its prompt starts with and prefills only the rest; the
-whole prompt's pages, cached ones included, are what the transfer sends.
+The intake check is faithful to the real engine: an input longer than `min(context_len - 1,
+pool_tokens - 1)` is marked for abort (400) in `to_finish` and its ids are replaced by `[0]` to
+skip the long prefill, **but it still joins the queue**. With `reject_check` off the gates ask only
+`finished()`, which does not read `to_finish`, so the one-token placeholder is prefilled and its
+single page of KV is transferred as if it were the whole prompt.
 """
+
 
 from __future__ import annotations
 

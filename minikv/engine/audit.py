@@ -1,20 +1,15 @@
 """The ownership audit: a ledger of who wrote every slot, checked on every attention read.
 
-Freed pages keep their data, so the only thing standing between tenants is whether each
-request reads only the slots it wrote itself. The audit makes that visible: every write
-records the writer, every read compares the slot's writer with the reader, and a mismatch
-becomes an event naming reader, victim and pages. In a correct engine it stays at zero.
-
-Prefix caching makes one kind of "someone else's slot" legitimate: a page the reader took from
-the cache, holding K/V another request computed *for the same tokens at the same positions*.
-The ledger keeps each slot's writer position and each request's prompt, so the check can tell
-the two apart: a read is a **shared read** when the writer wrote that slot at the position the
-reader reads it at, and both prompts agree on every token up to there (so the reader's own
-prefill would have written the very same values). Everything else is a cross read, as before.
-Shared reads between different tenants are counted on their own (`cross_tenant_cache_hits`):
-no data the reader never sent, but the fact that another tenant sent it is what the
-`cached_tokens` and timing side channel reveals.
+Freed pages keep their data, so what stands between tenants is whether each request reads only
+the slots it wrote. Every write records its writer; every read compares the slot's writer with the
+reader, and a mismatch becomes an event naming reader, victim and pages (zero in a correct engine).
+A page taken from the prefix cache is the one legitimate exception: a **shared read**, when the
+writer wrote the slot at the position the reader reads it at and both prompts agree up to there
+(the reader's own prefill would have written the same values). Shared reads across tenants are
+counted apart (`cross_tenant_cache_hits`): no foreign data, but the side channel `cached_tokens`
+and timing reveal.
 """
+
 
 from __future__ import annotations
 

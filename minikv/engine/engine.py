@@ -1,15 +1,13 @@
 """One serving node: a page pool, a scheduler, a model runner, the audit and the event log.
 
-The step-wise API is what notebooks use to watch the engine work:
-
     engine.submit(Request("alice: save pin 1234.\\n", tenant="alice"))
     while engine.has_work():
         finished = engine.step()   # one prefill or decode step; responses that completed
 
-`generate([...])` does all of that in one call. The client API (ids, checks, handover, `run`,
-`generate`) is the same on `Cluster` and `DistCluster`: see front_door.py. Every allocation,
+`generate([...])` does it all in one call; the client API is front_door.py's. Every allocation,
 write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
 """
+
 
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
 """The front door every server has, whatever runs behind it: ids, checks, live requests, answers.
 
-`Engine` (one node), `Cluster` (a prefill/decode pair in this process) and `DistCluster` (the
-pair in two worker processes) are front doors; each supplies only how its requests are admitted,
-cancelled and stepped (`_admit`, `_cancel`, `_advance`). What is the same everywhere is here:
-
-- **Ids.** The engine owns its request ids. A client may name its request (`Request.request_id`);
-  that name is only echoed back (`Response.client_request_id`), scoped to the client's tenant,
-  and never used to route. The engine's id is the client's name when no request still held here
-  uses it and it is not an automatic id (`req-N`), so logs stay readable; otherwise a fresh
-  automatic id. A second request with the same name from the same tenant, while the first is
-  held, is refused (400).
-- **The checks at the door** (admission control): the request's shape and the advertised window,
-  cheapest first, and a pool a request could never fit. Every refusal is an HTTP 400 whose message
-  names the numbers involved, the same words from every door.
-- **Live requests**: `seqs`, engine id -> the Sequence being served, until it ends.
-- **Answers**: each request's one Response is made from its Sequence (`to_response`), kept until
-  the next `step` (or `run`, `generate`) hands it over, exactly once, after checking that it goes
-  to the tenant that asked; nothing is kept afterwards, so memory follows the live requests.
+`Engine`, `Cluster` and `DistCluster` are front doors; each supplies only how its requests are
+admitted, cancelled and stepped (`_admit`, `_cancel`, `_advance`). The same everywhere:
+- **ids**: the engine owns them. A client's own `request_id` is only echoed back, scoped to its
+  tenant, never used to route; it becomes the engine's id when no held request uses it and it is
+  not automatic (`req-N`). A second request with the same name from the same tenant is a 400.
+- **admission control**: the request's shape and the advertised window, cheapest first; every
+  refusal is a 400 whose message names the numbers involved, the same words from every door.
+- **live requests**: `seqs`, engine id -> the Sequence being served, until it ends.
+- **answers**: one Response per request (`to_response`), handed over once by `step` (or `run`,
+  `generate`) to the tenant that asked, and then forgotten: memory follows the live requests.
 """
+
 
 from __future__ import annotations
 

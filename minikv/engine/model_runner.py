@@ -1,13 +1,11 @@
 """Runs one batch through the model over a page pool, and picks each request's next token.
 
-Shared by the single-node engine and both roles of the disaggregated pair: whoever decides
-*which* requests run (a scheduler, a queue) hands the batch here, and whoever owns the requests
-applies the result (`Scheduler.postprocess`). The runner changes no sequence. It logs what is written and
-read, and turns the audit's findings for this forward into `cross_read` events.
-
-An exception while serving a request is that request's failure, never the node's: sampling
-errors come back for the one request, a failed forward for every request of the batch.
+Whoever decides *which* requests run (a scheduler) hands the batch here, and the scheduler's
+postprocess applies the result: the runner changes no sequence. It logs what is written and read,
+and turns the audit's findings into `cross_read` events. An exception is the failure of the request
+it concerns, never the node's: a sampling error for that request, a failed forward for the batch.
 """
+
 
 from __future__ import annotations
 

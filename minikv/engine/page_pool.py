@@ -1,32 +1,18 @@
 """The page pool: one KV tensor per node, cut into fixed-size pages, shared by every request.
 
-Allocated once. A request takes pages when admitted and gives them back when it ends; freeing
-only puts page numbers back on the free list. **The bytes are not zeroed** (that would cost a
-memory write per freed page), so a freed page keeps its last owner's keys and values until the
-next owner overwrites them. Isolation between tenants rests entirely on this bookkeeping.
+Allocated once. A request takes pages when admitted and gives them back when it ends; freeing only
+puts page numbers back on the free list. **The bytes are not zeroed** (that would cost a write per
+freed page), so a freed page keeps its last owner's keys and values until the next owner overwrites
+them: isolation between tenants rests entirely on this bookkeeping. The free list is a stack, and a
+request's pages go back in reverse, so the next request receives them in the same order: in a leak,
+the stale data a new request sees is the *most recent* tenant's.
 
-The free list is a stack: the most recently freed page is handed out first, and a request's
-pages are pushed back in reverse so that the next request receives them in the same order.
-That is why, in a leak, the stale data a new request sees is the *most recent* tenant's.
-
-**With prefix caching** (`prefix_caching=True`: on by default in the single-node engine and on
-the prefill node, off on the decode node, as in SGLang) a page can be held by several requests
-at once: `holders` lists them and the ref count is their number. A full prompt page gets a key
-in the `PrefixCache` (prefix_cache.py) once it is written; another request whose prompt starts
-the same way takes the page too (`allocate(..., cached=pages)`) instead of computing it. What
-changes on free:
-
-- a freed page **without** a key goes back on the stack, exactly as above;
-- a freed page **with** a key is *parked*: nobody holds it, it still holds its data and its key,
-  and a later request can hit it. It is not on the stack.
-- `allocate` takes from the stack first and only when the stack is empty evicts parked pages,
-  least recently used first (SGLang does the same: free slots first, then evict unreferenced
-  radix-tree nodes by LRU). An evicted page loses its key before it is handed out.
-
-So the order the leak notebooks describe still holds for every page without a key (and on the
-decode node, which has no cache, for every page); only cached pages wait longer to be reused,
-because reusing them soon would throw away the cache. A page is never handed out while held.
+With prefix caching (prefix_cache.py) a page can be held by several requests (`holders`; the ref
+count is their number). A freed page with a cache key is *parked* instead of stacked: free, still
+matchable; `allocate` takes from the stack first and evicts parked pages (least recently used
+first) only when the stack is empty, as SGLang does. A page is never handed out while held.
 """
+
 
 from __future__ import annotations
 

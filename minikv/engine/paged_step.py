@@ -1,24 +1,16 @@
 """One step over a page pool: write K/V into slots, read them back through each request's block table.
 
-A request's tokens live in pages scattered over the pool; its block table lists them in order.
-Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`. One
-step handles a batch of requests that each add some new tokens (a prompt in prefill, one token in
-decode): the new K/V are scattered into their slots, then every request attends over its own
-context, read through its block table, by one of two paths (attention/):
-
-- **tiles** (attention/tiles.py): one call per layer for the whole batch, page by page, nothing
-  padded to the longest request. Every step on a GPU, where a loop over requests is a loop of
-  kernel launches; on a CPU, decode batches of at least `CPU_TILES_MIN_BATCH` requests.
-- **gather** (attention/gather.py): request by request, its context gathered and attended with
-  SDPA. A CPU's prefills, whose tens to hundreds of queries per request make one fused SDPA call
-  cheaper than the tiles' separate passes, and its small decode batches, which cost less than the
-  ~30 operations that plan the tiles (both measured: docs/benchmarks.md).
-
-`paged_attention_reference` is the slow, obvious version (slot by slot, in Python) that the
-tests hold both paths to. The last layer of a forward needs only each request's last token's
-output (its logits are the ones sampled): `attend(..., last_only=True)` stores every new token's
-K/V but attends only those queries, a decode-shaped read whatever the phase.
+Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`. A step
+scatters its new tokens' K/V into their slots, then every request attends over its own context by
+one of two paths (attention/): the **tiles** (one call per layer for the whole batch: every step on
+a GPU, where a loop over requests is a loop of kernel launches, and on a CPU decode batches of at
+least `CPU_TILES_MIN_BATCH`), or the **gather** (request by request, SDPA on its gathered context: a
+CPU's prefills, where one fused SDPA call per request beats the tiles' separate passes, and its
+small decode batches). `attend(..., last_only=True)` stores every token's K/V but attends only each
+request's last query (the last layer's, whose logits are sampled). `paged_attention_reference` is
+the slow, obvious version the tests hold both paths to.
 """
+
 
 from __future__ import annotations
 

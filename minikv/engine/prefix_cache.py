@@ -1,22 +1,15 @@
 """The prefix cache: full pages keyed by a hash chained over everything before them.
 
-Two requests that start with the same tokens compute the same keys and values for that start
-(K/V at position i depend only on tokens 0..i). So an engine keeps the pages of a finished
-prefill indexed by what they hold, and a later request that starts the same way reuses those
-pages instead of computing them again: it skips that part of its prefill.
-
-How a page is named (as vLLM's automatic prefix caching and nano-vllm's block manager do):
-only *full* pages are cached, and page i's key is a hash of page i-1's key and page i's tokens,
-so one key stands for the whole prefix up to the end of that page. The first page's hash also
-takes the request's **salt**: requests with different salts never share a page, however alike
-their prompts (vLLM's `cache_salt`, TensorRT-LLM's `cache_salt_id`). Granularity is the page
-size: with 1-token pages the match goes token by token, like SGLang's radix tree.
-
-What this file owns: the keys, the index `key -> page` (and back), and the pages nobody holds
-any more that are still matchable, in least-recently-used order. The page pool owns the ref
-counts and asks this index when a page is freed or needed (see page_pool.py); the scheduler
-matches a waiting request's keys here and names its prompt pages after the prefill.
+K/V at position i depend only on tokens 0..i, so a request that starts as an earlier one did can
+reuse that one's pages instead of computing them. As in vLLM's automatic prefix caching and
+nano-vllm's block manager, only *full* pages are cached, and page i's key hashes page i-1's key and
+page i's tokens: one key stands for the whole prefix. The first page's hash also takes the
+request's **salt**: different salts never share a page (vLLM's `cache_salt`). With 1-token pages
+the match goes token by token, like SGLang's radix tree. This file owns the keys, the index
+`key <-> page`, and the pages nobody holds that stay matchable, least recently used first; the
+pool owns the ref counts (page_pool.py).
 """
+
 
 from __future__ import annotations
 

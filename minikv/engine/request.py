@@ -122,11 +122,6 @@ class Sequence:
     def seq_len(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    @property
-    def max_seq_len(self) -> int:
-        """The most tokens this request can ever hold: prompt plus every generated token."""
-        return len(self.prompt_ids) + self.max_tokens
-
     def update_text(self, tokenizer: PreTrainedTokenizerBase) -> bool:
         """Bring `text` up to the last generated token, decoding only the new ones (a piece that
         decodes to U+FFFD, half of a multi-byte character, waits for the next token). Returns whether

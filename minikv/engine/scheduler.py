@@ -1,21 +1,16 @@
-"""Continuous batching: which requests run in the next step, where their pages come from, and
-what each step's outcome does to every request (`postprocess`, the one owner of a request's step).
+"""Continuous batching: who runs in the next step, where their pages come from, and what each
+step's outcome does to every request (`postprocess`: the one owner of a request's step).
 
-Requests join and leave between steps. Each step is either a *prefill* (waiting requests'
-prompts, up to a token budget) or a *decode* (one token for every running request). A waiting
-request is admitted only when the pool has pages for its whole current length; a decoding
-request that needs one more page and finds none preempts the most recently admitted request,
-which gives its pages back and is recomputed later. Nothing is over-committed and nothing dropped.
-
-With prefix caching, a waiting request first looks up the leading full pages of its prompt in
-the cache: it takes those pages (one more reference each) and prefills only the rest. The pool
-check counts what the request really uses up: its new pages, plus any hit that nobody held.
-
-The single-node engine uses all of it. The disaggregated nodes keep only their own queues and
-hand batches to the same scheduler, as SGLang's scheduler mixins do: the prefill node its waiting
-queue (`schedule_prefill`, with its queue gate), the decode node its running batch
-(`schedule_decode`, `postprocess`). nano-vllm's `Scheduler.postprocess` is the model.
+Each step is a *prefill* (waiting requests' prompts, up to a token budget) or a *decode* (one
+token for every running request). A waiting request is admitted only when the pool has pages for
+its whole current length, after taking the cached pages its prompt starts with (prefix caching);
+a decoding request that needs a page and finds none preempts the most recently admitted one,
+which gives its pages back and is recomputed later. Nothing is over-committed, nothing dropped.
+The disaggregated nodes hand their batches to the same scheduler, as SGLang's scheduler mixins
+do: the prefill node its waiting queue (`schedule_prefill` with its gate), the decode node its
+running batch (`schedule_decode`, `postprocess`). nano-vllm's `Scheduler.postprocess` is the model.
 """
+
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ picture
 # ## A request that can never fit
 #
 # Admission control runs when a request arrives, before it may hold a single page (see
-# `minikv/admission.py`). A prompt beyond the context window is refused; so is a request whose
+# `minikv/engine/front_door.py`). A prompt beyond the context window is refused; so is a request whose
 # prompt plus `max_tokens`, rounded up to whole pages, exceeds the **whole pool**: no amount of
 # waiting would ever make room for it. Both come back at once as HTTP 400, with a message that
 # names the numbers.

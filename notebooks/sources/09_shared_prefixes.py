@@ -241,7 +241,7 @@ print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss)
 #
 # ### The same attack with a stopwatch only
 #
-# Three changes make it work here, each in `minikv/disagg/timing_probe.py`:
+# Three changes make it work here, each in `minikv/attacks/timing.py`:
 #
 # - **a burst** per guess: 64 probes `alice: save key <guess><x>`, with 64 different last tokens `x`, sent
 #   at once. They are prefilled in one step, so none hits another's pages: on a hit each computes 1 token,

@@ -1,17 +1,13 @@
 """The front door across processes: the pair's nodes in two worker processes (worker.py).
 
-`DistCluster` lives in the server's process and is a `FrontDoor` like `Engine` and `Cluster`:
-ids, the checks at the door, the advertised window, one room and one audit uid per request. It
-hands each checked request to both workers (each with its own model copy, pool, device, audit
-and `DistKVManager`), over multiprocessing queues of typed messages (messages.py); the KV moves
-on torch.distributed between the workers, never through the front door.
-
-A worker can die (killed, out of memory, a bug). The front door looks at both workers' exit
-codes on every step and submit; once one is gone the pair is down: every live request is
-answered 503, every new one too, the surviving worker is stopped, and `health()` says which
-worker died and how. `close()` stops both workers (the server calls it on shutdown); a shutdown
-is not a failure. A worker whose parent has gone exits on its own.
+`DistCluster` is a `FrontDoor` like `Engine` and `Cluster` (ids, checks, one room and audit uid per
+request); it hands each checked request to both workers over queues of typed messages
+(messages.py), and the KV moves between the workers on torch.distributed, never through here. A
+worker that dies (killed, out of memory, a bug) takes the pair down: every live and new request is
+answered 503, the survivor is stopped, and `health()` says which worker died and how. `close()`
+stops both (a shutdown, not a failure); a worker whose parent is gone exits on its own.
 """
+
 
 from __future__ import annotations
 

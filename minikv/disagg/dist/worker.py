@@ -1,13 +1,12 @@
 """One worker process of the distributed pair: a node, stepped whenever it has work, driven by messages.
 
-`DistCluster` (cluster.py beside this file) starts two of these: rank 0 the prefill worker,
-rank 1 the decode worker. Each loads its own model copy on its own device, joins the process
-group (gloo, also between GPUs: see `WorkerSpec.backend`) through the bootstrap `TCPStore`,
-builds its node with disagg.cluster's `node_pool` and `build_node` over a `DistKVManager`, as
-`Cluster` builds each node in one process, and then takes messages (messages.py) and steps the
-node. A worker exits when told to, when its parent process is gone, or on an error it reports
-first; the front door notices a worker that died without a word by its exit code.
+Rank 0 is the prefill worker, rank 1 the decode worker. Each loads its own model copy on its own
+device, joins the process group (gloo: see `WorkerSpec.backend`) through the bootstrap `TCPStore`,
+builds its node with `cluster.node_pool` and `build_node` over a `DistKVManager`, as `Cluster` does
+in one process, then takes messages and steps the node. It exits when told to, when its parent is
+gone, or on an error it reports first.
 """
+
 
 from __future__ import annotations
 

@@ -1,52 +1,28 @@
-"""The KV transfer across a process boundary, on torch.distributed: the second backend.
+"""The KV transfer across a process boundary, on torch.distributed: the second backend (base.py).
 
-inprocess.KVManager is the in-process fabric (the notebooks' default): one object holds both
-pools and lands posted batches on the cluster's clock. `DistKVManager` implements the same
-`KVTransfer` protocol (base.py), so `KVSender`, `KVReceiver` and `KVPoll` keep their meaning, but
-each process holds only its own half: the prefill process the source pool and the sender side, the
+`DistKVManager` implements the same `KVTransfer` protocol as the in-process `KVManager`, but each
+process holds only its own half: the prefill process the source pool and the sender side, the
 decode process the destination pool and the receiver side. Bytes really travel:
 
-    bootstrap  a torch.distributed Store (a TCPStore in practice), keys under `kv/<room>/`:
-               `dst`       the receiver's advertised destination pages (JSON list)
-               `state`     "" -> "sent" or "aborted", decided once with compare_set, so that
-                           the sender posting and either side aborting can never both win
-               `shipment`  num_tokens, first_token, checksum, cached_tokens, sampler state,
-                           page count, batch sizes, dtype (JSON)
-               `abort`     the reason and status of an abort (JSON)
-               `closed`    how many sides have dropped the room; the second deletes its keys
-    payload    point-to-point `isend`/`irecv` (gloo, which matches by tag; NCCL is not used:
-               its point-to-point ops ignore tags and match in posting order) of, per batch, the
-               K/V pages `(L, 2, n, page, KVH, D)` and the writer ledger of their slots
-               `(2, n * page)` (writer uid, token position): the audit's ledger travels with
-               the pages.
+    bootstrap  a torch.distributed Store (a TCPStore), keys under `kv/<room>/`: `dst` (the
+               receiver's advertised pages), `state` ("sent" or "aborted", decided once with
+               compare_set, so that the sender posting and either side aborting never both win),
+               `shipment` (num_tokens, first token, checksum, cached tokens, sampler state, batch
+               sizes, dtype), `abort` (reason and status), `closed` (the second side to finish
+               deletes the room's keys).
+    payload    point-to-point `isend`/`irecv` (gloo, which matches by tag) of, per batch, the K/V
+               pages (L, 2, n, page, KVH, D) and the writer ledger of their slots (2, n * page):
+               the audit's ledger travels with the pages.
 
-Polling reflects the real state of the operations (see `TrackedWork`): a room is `Transferring` while a posted
-operation has not completed, and `land_due()` lands a batch (scatters the received pages into the
-pool at the advertised pages and records their writers) only once its irecv has completed.
-
-The late-write race survives the move, because it is in the protocol, not the simulator: once
-the sender has won `state = "sent"` its isends are in the network, and the receiver must post
-the matching irecvs and land them whatever happened to the request meanwhile. An abort only
-stops what was not yet sent. `settled(room)` is False until every announced batch has landed,
-which is what `deferred_release` waits for; without it the pages can be reused before the late
-write lands in them.
-
-Two knobs of ours, neither in SGLang:
-    timeout_s         a room whose posted operations make no progress for this long is aborted
-                      (Failed, 500), as the in-process fabric's `transfer_timeout_ticks`; what was
-                      posted may still land later, so the room is not settled until it does.
-    link_s_per_page   a slow link, for the lessons: the sender holds each batch for this many
-                      seconds per page (a room's batches one after another, as a link of fixed
-                      bandwidth) before its isend is posted. The room is Transferring, and the
-                      receiver has posted its irecvs, all that while: a cancel then races a real
-                      late write, with a window wide enough to hit on purpose.
-
-Gloo moves CPU tensors only: between CUDA pools the pages are staged through host memory (the
-workers use gloo on GPUs too, see dist/worker.WorkerSpec.backend; with NCCL they would go device
-to device, once both sides post rooms in one agreed order). dist/worker.py runs a node on it in
-each of two processes; dist/cluster.py puts the front door in front of them.
+The late-write race survives the move, because it is in the protocol, not the simulator: once the
+sender has won "sent" its isends are in the network, and the receiver lands them whatever happened
+to the request meanwhile; `settled(room)` is False until they have landed, which is what
+`deferred_release` waits for. Two knobs of ours: `timeout_s` (a room without progress that long
+fails, as the in-process fabric's timeout ticks) and `link_s_per_page` (a slow link that holds each
+batch before its isend, so that a cancel can race a late write on purpose). Gloo moves host tensors
+only: CUDA pages are staged through host memory (NCCL would match operations by posting order, not
+by tag: see dist/worker.WorkerSpec.backend).
 """
-
 
 from __future__ import annotations
 
@@ -71,13 +47,9 @@ ROOM_KEYS = ("dst", "state", "shipment", "abort", "closed")  # every key a room 
 
 
 class TrackedWork:
-    """A point-to-point operation and whether it has completed, as it really stands.
-
-    Gloo's send/recv `Work.is_completed()` stays False until someone calls `wait()`, even after
-    the bytes have moved, so a helper thread waits on each operation (a progress thread, as RDMA
-    engines poll their completion queues) and `done()` reads what it saw. An operation that
-    failed re-raises its error from `result()`.
-    """
+    """A point-to-point operation and whether it has completed. Gloo's `Work.is_completed()` stays
+    False until someone calls `wait()`, so a thread waits on each (as RDMA engines poll their
+    completion queues); `result()` re-raises an operation's error."""
 
     def __init__(self, work: dist.Work) -> None:
         self.work, self._finished, self._error = work, threading.Event(), None

@@ -28,7 +28,7 @@ from minikv.engine.engine import pool_and_audit
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
-from minikv.engine.prefix_cache import request_page_keys
+from minikv.engine.prefix_cache import request_page_keys, tenant_share
 from minikv.engine.request import Finished, Request, Sequence
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
@@ -61,11 +61,12 @@ class ClusterConfig:
     event_log: bool = True
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
+    cache_tenants: int = 4  # with the cache_partition switch: tenants the prefill cache's parked pages are cut for
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
         for name in ("context_len", "page_size", "prefill_pages", "decode_pages", "max_prefill_tokens",
-                     "transfer_pages_per_tick", "transfer_timeout_ticks", "transfer_batch_cap_pages"):
+                     "transfer_pages_per_tick", "transfer_timeout_ticks", "transfer_batch_cap_pages", "cache_tenants"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -113,8 +114,10 @@ def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySw
               device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
     """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as SGLang)."""
     pages = config.prefill_pages if role == "prefill" else config.decode_pages
+    context_pages = -(-config.context_len // config.page_size)
+    share = tenant_share(pages, context_pages, config.cache_tenants) if switches.cache_partition else None
     return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
-                          role == "prefill" and config.prefix_caching, switches.scrub_on_free)
+                          role == "prefill" and config.prefix_caching, switches.scrub_on_free, share)
 
 
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,

@@ -10,6 +10,7 @@
 | deferred_release    | aborted pages wait for in-flight writes     | late-write                  |
 | transfer_batch_cap  | large transfers split so none times out     | late-write                  |
 | cache_salt          | prefix-cache keys salted with the tenant    | prefix-probe (cache hits)   |
+| cache_partition     | a tenant's cached pages evicted only by it  | eviction-probe (LRU order)  |
 | scrub_on_free       | freed pages are zeroed                      | hides the symptom only      |
 """
 
@@ -29,6 +30,7 @@ class SafetySwitches:
     deferred_release: bool = True
     transfer_batch_cap: bool = True
     cache_salt: bool = True  # each tenant's prefix-cache pages are its own: no cross-tenant hits
+    cache_partition: bool = True  # each tenant's parked pages evicted only by its own requests: no eviction channel
     scrub_on_free: bool = False  # costly, and it hides the bug rather than fixing it
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minikv.engine.prefix_cache import tenant_share
 from minikv.model.llama import ModelConfig
 
 
@@ -17,11 +18,14 @@ class EngineConfig:
     context_len: int = 1024  # the advertised window: prompt + output tokens (1,048,576 / 1,024)
     max_batch_size: int = 64  # requests decoding at once
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
+    chunked_prefill: bool = False  # a longer prompt goes in chunks of max_prefill_tokens, a decode step after each
     audit: bool = True  # check every read against the ownership ledger
     event_log: bool = True  # record every allocation, write, read, free and state change
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     prefix_caching: bool = True  # reuse cached full prompt pages across requests (prefix_cache.py)
     cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
+    cache_partition: bool = False  # each tenant's parked pages are evicted only by its own requests
+    cache_tenants: int = 4  # tenants the partition is cut for: each keeps (pool - one context) // cache_tenants
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -36,8 +40,13 @@ class EngineConfig:
             raise ValueError(f"context_len must be >= 2 tokens, got {self.context_len}")
         if self.event_log_limit is not None and self.event_log_limit < 1:
             raise ValueError(f"event_log_limit must be a positive number of events or None, got {self.event_log_limit}")
-        if self.max_batch_size < 1 or self.max_prefill_tokens < 1:
-            raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
+        if self.max_batch_size < 1 or self.max_prefill_tokens < 1 or self.cache_tenants < 1:
+            raise ValueError("max_batch_size, max_prefill_tokens and cache_tenants must be >= 1")
+
+    def tenant_pages(self, pool_pages: int) -> int | None:
+        """Each tenant's share of parked pages with `cache_partition` (prefix_cache.tenant_share); None without it."""
+        context_pages = -(-self.context_len // self.page_size)
+        return tenant_share(pool_pages, context_pages, self.cache_tenants) if self.cache_partition else None
 
     def pool_pages(self, model: ModelConfig) -> int:
         """Pages in the pool: as given, or as many as the memory budget holds."""

@@ -31,10 +31,10 @@ from minikv.model.llama import Llama, ModelConfig
 
 
 def pool_and_audit(model: ModelConfig, num_pages: int, page_size: int, device: torch.device, dtype: torch.dtype,
-                   node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool = False
-                   ) -> tuple[PagePool, OwnershipAudit | None]:
+                   node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool = False,
+                   tenant_pages: int | None = None) -> tuple[PagePool, OwnershipAudit | None]:
     """A node's pool and its ownership audit, wired together: every door and node builds them here."""
-    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching=prefix_caching)
+    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching, tenant_pages)
     ledger = OwnershipAudit(num_pages * page_size, page_size, node, pool.kv.device) if audit else None
     if ledger is not None and scrub_on_free:
         pool.on_scrub = ledger.forget  # a scrubbed slot was written by nobody
@@ -53,10 +53,11 @@ class Engine(FrontDoor):
         super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit),
                          Clock(), node)  # the clock is the engine's step number; only step() advances it
         self.model, self.node = model, node
-        self.pool, self.audit = pool_and_audit(mc, config.pool_pages(mc), config.page_size, model.device, model.dtype,
-                                               node, config.audit, config.prefix_caching, scrub_on_free)
+        pages = config.pool_pages(mc)
+        self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node, config.audit,
+                                               config.prefix_caching, scrub_on_free, config.tenant_pages(pages))
         self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer, config.max_prefill_tokens,
-                                   config.max_batch_size)
+                                   config.max_batch_size, config.chunked_prefill)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
 
     def startup_log(self) -> list[str]:

@@ -55,7 +55,7 @@ class PagePool:
 
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 scrub_on_free: bool = False, prefix_caching: bool = False) -> None:
+                 scrub_on_free: bool = False, prefix_caching: bool = False, tenant_pages: int | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1 token, got {page_size}")
         if num_pages < 1:
@@ -70,7 +70,8 @@ class PagePool:
         self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
-        self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
+        self.num_held = 0  # pages with at least one holder
+        self.prefix_cache = PrefixCache(page_size, tenant_pages) if prefix_caching else None
 
     # -- capacity -----------------------------------------------------------------------
     @property
@@ -98,31 +99,40 @@ class PagePool:
         return -(-num_tokens // self.page_size)
 
     # -- allocation (check, then act) ---------------------------------------------------
-    def can_allocate(self, num_pages: int, cached: list[int] = ()) -> bool:
-        """Whether `num_pages` new pages, plus the `cached` hits nobody holds (parked), are free."""
-        return num_pages + sum(1 for p in cached if not self.holders[p]) <= self.num_free_pages
+    def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
+        """Whether `num_pages` new pages are free for a request of `tenant` once it holds its `cached`
+        hits: the stack, and the parked pages it may evict (its own, with a partitioned cache; anyone's
+        when the pool is idle, since nothing else would ever free a page)."""
+        parked = self.prefix_cache.evictable(self._evictor(tenant), cached) if self.prefix_cache else 0
+        return num_pages <= len(self.free_pages) + parked
 
-    def allocate(self, num_pages: int, owner: str, cached: list[int] = ()) -> list[int]:
+    def _evictor(self, tenant: str | None) -> str | None:
+        return None if self.num_held == 0 else tenant
+
+    def allocate(self, num_pages: int, owner: str, cached: list[int] = (), tenant: str | None = None) -> list[int]:
         """`cached` (prefix-cache hits: one more holder each, held again if parked), then `num_pages`
-        new pages for `owner`: off the stack, then evicting parked cached pages (LRU). Returns the new pages."""
-        if not self.can_allocate(num_pages, cached):
+        new pages for `owner`: off the stack, then evicting parked pages `tenant` may take (LRU). Returns the new pages."""
+        if not self.can_allocate(num_pages, cached, tenant):
             raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
+        evictor = self._evictor(tenant)
         for p in cached:
             assert self.prefix_cache is not None and self.prefix_cache.is_cached(p), f"page {p} is not cached"
             if not self.holders[p]:
                 self.prefix_cache.unpark(p)
+                self.num_held += 1
             self.holders[p].append(owner)
         if cached:
             self.prefix_cache.hits += len(cached)
-        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict() for _ in range(num_pages)]
+        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict(evictor) for _ in range(num_pages)]
         for p in pages:
             assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
             self.holders[p].append(owner)
+        self.num_held += len(pages)
         return pages
 
-    def free(self, pages: list[int], owner: str) -> None:
-        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked if it has a
-        cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
+    def free(self, pages: list[int], owner: str, tenant: str = "") -> None:
+        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked (in `tenant`'s
+        share) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
         emptied = []
         for p in reversed(pages):
             assert owner in self.holders[p], f"{owner} freed page {p} held by {self.holders[p]}"
@@ -130,12 +140,12 @@ class PagePool:
             if self.holders[p]:
                 continue  # still shared: the others keep reading it
             emptied.append(p)
+            self.num_held -= 1
             if self.prefix_cache is not None and self.scrub_on_free:
                 self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
-            if self.prefix_cache is not None and self.prefix_cache.is_cached(p):
-                self.prefix_cache.park(p)
-            else:
-                self.free_pages.append(p)
+            spilled = self.prefix_cache.park(p, tenant) if self.prefix_cache and self.prefix_cache.is_cached(p) else p
+            if spilled is not None:
+                self.free_pages.append(spilled)  # keyless, or the tenant's oldest past its share
         if self.scrub_on_free and emptied:
             self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
             if self.on_scrub is not None:
@@ -162,6 +172,7 @@ class PagePool:
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)
+        assert self.num_held == sum(1 for h in self.holders if h), "the held count drifted"
         for p in range(self.num_pages):
             held = bool(self.holders[p])
             assert len(set(self.holders[p])) == len(self.holders[p]), f"page {p} held twice by one request"

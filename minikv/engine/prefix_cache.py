@@ -14,7 +14,7 @@ pool owns the ref counts (page_pool.py).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 PageKey = bytes  # 16 bytes of BLAKE2b: the page's tokens and every page before it, and the salt
@@ -62,14 +62,28 @@ def page_keys_reference(token_ids: Sequence[int], page_size: int, salt: str | No
             for end in range(page_size, len(token_ids) + 1, page_size)]
 
 
-class PrefixCache:
-    """The index of cached pages, and the least-recently-used order of those nobody holds."""
+def tenant_share(pool_pages: int, context_pages: int, tenants: int) -> int:
+    """Each tenant's share of a partitioned cache's parked pages: what is left once one whole context
+    fits, cut in `tenants` (so a request never needs another tenant's cached page)."""
+    return max(0, pool_pages - context_pages) // tenants
 
-    def __init__(self, page_size: int) -> None:
-        self.page_size = page_size
+
+class PrefixCache:
+    """The index of cached pages, and the least-recently-used order of those nobody holds.
+
+    `tenant_pages` partitions the parked pages by tenant (the `cache_partition` switch): each tenant
+    keeps at most that many, evicts only its own (its oldest, when it parks one too many), and a
+    request takes only its own tenant's parked pages for new data. So no tenant's request ever
+    evicts another's cached page, and B's `cached_tokens` cannot tell whether A's prompt hit its
+    cache (prime and probe on a shared LRU can). None: one LRU for everyone, as vLLM and SGLang evict.
+    """
+
+    def __init__(self, page_size: int, tenant_pages: int | None = None) -> None:
+        self.page_size, self.tenant_pages = page_size, tenant_pages
         self.page_of: dict[PageKey, int] = {}
         self.key_of: dict[int, PageKey] = {}
-        self.parked: OrderedDict[int, None] = OrderedDict()  # ref count 0, still matchable; oldest first
+        self.parked: OrderedDict[int, str] = OrderedDict()  # ref count 0, still matchable: page -> tenant; oldest first
+        self.parked_by: Counter[str] = Counter()
         self.hits = 0  # pages reused
         self.evictions = 0  # cached pages handed out for new data
 
@@ -106,18 +120,29 @@ class PrefixCache:
     def num_parked(self) -> int:
         return len(self.parked)
 
-    def park(self, page: int) -> None:
-        """Nobody holds `page` any more; keep it matchable, most recently used last."""
+    def evictable(self, tenant: str | None, keep: list[int] = ()) -> int:
+        """Parked pages a request of `tenant` may take for new data, those in `keep` aside (None: anyone's)."""
+        mine = lambda p: tenant is None or self.tenant_pages is None or self.parked[p] == tenant  # noqa: E731
+        return sum(1 for p in self.parked if mine(p)) - sum(1 for p in set(keep) if p in self.parked and mine(p))
+
+    def park(self, page: int, tenant: str) -> int | None:
+        """Nobody holds `page` any more: keep it matchable, most recently used last. Returns the
+        tenant's own oldest page, unnamed, when this one takes it past its share (None otherwise)."""
         assert page in self.key_of and page not in self.parked, f"page {page} parked twice or without a key"
-        self.parked[page] = None
+        self.parked[page] = tenant
+        self.parked_by[tenant] += 1
+        if self.tenant_pages is not None and self.parked_by[tenant] > self.tenant_pages:
+            return self.evict(tenant)
+        return None
 
     def unpark(self, page: int) -> None:
         """A request hit a parked page: it is held again and cannot be evicted."""
-        del self.parked[page]
+        self.parked_by[self.parked.pop(page)] -= 1
 
-    def evict(self) -> int:
-        """Take the least recently used parked page out of the cache, to be written with new data."""
-        page, _ = self.parked.popitem(last=False)
+    def evict(self, tenant: str | None) -> int:
+        """Take the least recently used parked page `tenant` may evict out of the cache (None: anyone's)."""
+        page = next(p for p, owner in self.parked.items() if tenant is None or self.tenant_pages is None or owner == tenant)
+        self.unpark(page)
         self.forget(page)
         self.evictions += 1
         return page
@@ -129,9 +154,12 @@ class PrefixCache:
             del self.page_of[key]
 
     def check(self) -> None:
-        """The index is one-to-one and every parked page is named."""
+        """The index is one-to-one, every parked page is named, and no tenant holds more than its share."""
         assert len(self.page_of) == len(self.key_of), "key -> page and page -> key differ in size"
         for key, page in self.page_of.items():
             assert self.key_of.get(page) == key, f"page {page}: its key and the index disagree"
         for page in self.parked:
             assert page in self.key_of, f"parked page {page} has no key"
+        assert +self.parked_by == Counter(self.parked.values()), "parked counts disagree"
+        if self.tenant_pages is not None:
+            assert max(self.parked_by.values(), default=0) <= self.tenant_pages, f"a tenant parks more than {self.tenant_pages}"

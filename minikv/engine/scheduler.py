@@ -38,15 +38,22 @@ class ScheduledBatch:
     new_tokens: list[list[int]]  # per sequence: token ids whose K/V this step computes
 
 
+def prefilling(seq: Sequence) -> bool:
+    """A running request whose prompt is not all in the pool yet (chunked prefill): more than its last token to compute."""
+    return seq.num_cached + 1 < seq.seq_len
+
+
 class Scheduler:
     """Waiting queue, running batch, the page bookkeeping between them, and each step's outcome."""
 
     def __init__(self, pool: PagePool, log: EventLog, node: str, clock: Clock, tokenizer: PreTrainedTokenizerBase,
-                 max_prefill_tokens: int, max_batch_size: int | None = None) -> None:
+                 max_prefill_tokens: int, max_batch_size: int | None = None, chunked_prefill: bool = False) -> None:
         self.pool, self.log, self.node, self.clock, self.tokenizer = pool, log, node, clock, tokenizer
         self.max_prefill_tokens, self.max_batch_size = max_prefill_tokens, max_batch_size
+        self.chunked_prefill = chunked_prefill  # prompts prefilled max_prefill_tokens at a time, decode steps between
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.last_phase: str | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -59,9 +66,15 @@ class Scheduler:
 
     # -- the decision --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
-        """Prefill waiting requests if any fit, else decode every running one."""
-        batch = self.schedule_prefill()
-        return batch if batch is not None else self.schedule_decode()
+        """Prefill waiting requests if any fit, else decode every running one. With chunked prefill a
+        decode step follows every prefill step while requests decode, so a long prompt delays their
+        next token by one chunk at a time, not by its whole prefill."""
+        if self.chunked_prefill and self.last_phase == "prefill" and any(not prefilling(s) for s in self.running):
+            batch = self.schedule_decode()
+        else:
+            batch = self.schedule_prefill() or self.schedule_decode()
+        self.last_phase = batch.phase if batch is not None else None
+        return batch
 
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
         """Admit waiting requests, oldest first, while pages and the token budget last.
@@ -69,45 +82,52 @@ class Scheduler:
         `gate(seq)` (the prefill node's queue gate) says whether a request may go on; one it
         stops, it retires itself. Admitted requests join `running` with pages for every token.
         """
-        seqs, budget, cache, ps = [], self.max_prefill_tokens, self.pool.prefix_cache, self.pool.page_size
+        seqs, new_tokens, budget = [], [], self.max_prefill_tokens
+        cache, ps = self.pool.prefix_cache, self.pool.page_size
+
+        def take(seq: Sequence, todo: int) -> int:  # the tokens `seq` computes this step: all, or a chunk
+            n = min(todo, budget) if self.chunked_prefill else todo
+            seqs.append(seq)
+            new_tokens.append(seq.tokens[seq.num_cached : seq.num_cached + n])
+            return n
+
+        for seq in self.running:  # chunked prefills go on first: they hold their pages already
+            if prefilling(seq) and budget > 0:
+                budget -= take(seq, seq.seq_len - seq.num_cached)
         for seq in list(self.waiting):
-            if self.max_batch_size is not None and len(self.running) >= self.max_batch_size:
+            if self.max_batch_size is not None and len(self.running) >= self.max_batch_size or budget <= 0:
                 break
             if gate is not None and not gate(seq):
                 continue
             hits = cache.match(seq.cache_keys, seq.seq_len) if cache is not None and not seq.block_table else []
             todo = seq.seq_len - max(seq.num_cached, len(hits) * ps)
-            if seqs and todo > budget:
+            if seqs and todo > budget and not self.chunked_prefill:
                 break  # the budget is spent; it goes first next step
             need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
-            if not self.pool.can_allocate(need, hits):
+            if not self.pool.can_allocate(need, hits, seq.tenant):
                 break  # temporarily full: wait for pages to come back
             self.waiting.remove(seq)
+            pages = self.pool.allocate(need, seq.request_id, hits, seq.tenant)
             if hits:
-                self.pool.allocate(0, seq.request_id, cached=hits)
-                seq.block_table, seq.num_cached = list(hits), len(hits) * ps
+                seq.num_cached = len(hits) * ps
                 if not seq.output_ids:  # usage reports the first admission's hits, as vLLM does
                     seq.cached_tokens = seq.num_cached
                 self._event("cache_hit", seq, hits, f"{seq.num_cached} prompt tokens from the prefix cache")
-            pages = self.pool.allocate(need, seq.request_id)
-            seq.block_table += pages
+            seq.block_table = seq.block_table + hits + pages
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             self._event("allocate", seq, pages, f"{need} pages for {seq.seq_len} tokens")
-            seqs.append(seq)
-            budget -= todo
-        if not seqs:
-            return None
-        return ScheduledBatch("prefill", seqs, [s.tokens[s.num_cached :] for s in seqs])
+            budget -= take(seq, todo)
+        return ScheduledBatch("prefill", seqs, new_tokens) if seqs else None
 
     def schedule_decode(self) -> ScheduledBatch | None:
         """One token for every running request; one that needs a page and finds none preempts."""
         for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SeqStatus.RUNNING or prefilling(seq):
+                continue  # preempted earlier in this loop, or its prompt is still being prefilled
             while len(seq.block_table) * self.pool.page_size <= seq.num_cached:
-                if self.pool.can_allocate(1):
-                    page = self.pool.allocate(1, seq.request_id)
+                if self.pool.can_allocate(1, tenant=seq.tenant):
+                    page = self.pool.allocate(1, seq.request_id, tenant=seq.tenant)
                     seq.block_table += page
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
@@ -115,9 +135,8 @@ class Scheduler:
                 if victim is None:
                     raise AssertionError("admission let in a request the whole pool cannot hold")
                 self.preempt(victim)
-        if not self.running:
-            return None
-        return ScheduledBatch("decode", list(self.running), [[s.tokens[-1]] for s in self.running])
+        batch = [s for s in self.running if not prefilling(s)]
+        return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None
 
     # -- after the forward -------------------------------------------------------------------
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:
@@ -145,6 +164,8 @@ class Scheduler:
                 continue
             assert choice.token is not None and seq.finish_reason is None, f"{seq.request_id} stepped after it ended"
             seq.num_cached += n
+            if seq.num_cached < seq.seq_len:
+                continue  # a chunk of a prompt still being prefilled: no token yet
             seq.output_ids.append(choice.token)
             seq.token_times_s.append(now - seq.arrival_s)
             if seq.first_token_s is None:
@@ -169,7 +190,7 @@ class Scheduler:
         """Give `seq`'s pages back and requeue it first; its tokens are recomputed later."""
         self.running.remove(seq)
         self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
-        self.pool.free(seq.block_table, seq.request_id)
+        self.pool.free(seq.block_table, seq.request_id, seq.tenant)
         seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
@@ -181,6 +202,6 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq.block_table:
             self._event("free", seq, seq.block_table, reason)
-            self.pool.free(seq.block_table, seq.request_id)
+            self.pool.free(seq.block_table, seq.request_id, seq.tenant)
         seq.block_table = []
         seq.status = SeqStatus.FINISHED

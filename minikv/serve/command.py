@@ -74,7 +74,7 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
     try:
         backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
-                                args.model, args.device, args.threads)
+                                args.model, args.device, args.threads, tenants=len(set(keys.values())))
     except StartupRefused as e:
         raise ValueError(f"startup_check refused to start: {e}") from None
     except WorkerStartError as e:

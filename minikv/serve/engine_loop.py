@@ -38,23 +38,25 @@ TRANSPORTS = ("inprocess", "distributed")
 
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
-                  model_dir: str | None = None, device: str | None = None, threads: int = 1) -> FrontDoor:
+                  model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1) -> FrontDoor:
     """The Engine, or the Cluster with its switches (StartupRefused if startup_check says no).
 
     With `transport="distributed"` the cluster's nodes run in two worker processes (DistCluster),
     each loading the model from `model_dir` onto `device` (default: two GPUs if present, else CPU).
     The event log is off: a server runs for days, and the notebooks' step-by-step record would grow
-    without end. The ownership audit stays on: /health reports the cross-tenant reads it saw.
+    without end. The ownership audit stays on: /health reports the cross-tenant reads it saw. With
+    `cache_partition` the prefix cache is cut for the server's `tenants` (one per key).
     """
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
+    context["cache_tenants"] = max(1, tenants)
     if disagg and transport == "distributed":
         return DistCluster(tokenizer, ClusterConfig(event_log=False, **context), switches, model_dir=model_dir,
                            devices=(device, device) if device else None, threads=threads)
     if disagg:
         return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
     return Engine(model, tokenizer, EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
-                                                 **context))
+                                                 cache_partition=switches.cache_partition, **context))
 
 
 @dataclass(eq=False)

@@ -17,7 +17,7 @@ from http import HTTPStatus
 
 from scipy.stats import ks_2samp
 
-from minikv.probe.client import Observation
+from minikv.probe.replies import Observation
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
 from minikv.probe.session import ProbeSession
 

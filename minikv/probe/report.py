@@ -16,6 +16,7 @@ class CheckResult:
     verdict: str = INCOMPLETE
     reason: str = ""
     exchanges: list[tuple[str, str]] = field(default_factory=list)
+    figures: dict[str, object] = field(default_factory=dict)  # what the check measured, for --json
 
     def note(self, sent: str, got: str) -> None:
         self.exchanges.append((sent, got))
@@ -25,7 +26,7 @@ class CheckResult:
         return self
 
     def to_json(self) -> dict:
-        return {"name": self.name, "verdict": self.verdict, "reason": self.reason,
+        return {"name": self.name, "verdict": self.verdict, "reason": self.reason, "figures": self.figures,
                 "exchanges": [{"sent": s, "got": g} for s, g in self.exchanges]}
 
     def format(self) -> str:

@@ -20,7 +20,8 @@ from http import HTTPStatus
 
 import httpx
 
-from minikv.probe.replies import CannotProbe, Observation, error_observation, first_bytes, lines, read_stream
+from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_observation, first_bytes, lines,
+                                  read_stream)
 
 REQUEST_TIMEOUT_S = 60.0  # the longest wait for any one read, inside the time limit
 MAX_BODY_BYTES = 8 << 20  # no API reply the probe asks for comes near this
@@ -110,11 +111,8 @@ class ProbeClient:
             raise CannotProbe(f"GET {url} did not return a list of model objects ({{\"data\": [{{\"id\": ...}}]}})")
         return data
 
-    def complete(self, key: str, prompt: str, max_tokens: int, stop: threading.Event | None = None) -> Observation:
-        """POST /v1/completions, streamed, greedy: the reply, its usage and its timings.
-
-        With `stop`, the stream is read until `stop` is set, then left (the server sees the client go).
-        """
+    def complete(self, key: str, prompt: str, max_tokens: int, control: StreamControl | None = None) -> Observation:
+        """POST /v1/completions, streamed, greedy: the reply, its usage and its timings (`control`: see StreamControl)."""
         url = f"{self.base}/completions"
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}
@@ -127,7 +125,7 @@ class ProbeClient:
                 chunks = self._chunks(r)
                 if r.status_code != HTTPStatus.OK:
                     return error_observation(r.status_code, first_bytes(chunks), time.perf_counter() - start)
-                return read_stream(lines(chunks), start, r.headers.get("content-type"), stop)
+                return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
         except httpx.HTTPError as e:
             raise self._failed(f"POST {url}", e) from None
         except CannotProbe as e:

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -47,6 +47,15 @@ class Observation:
             return " ".join(str(x) for x in (self.status, self.error_code) if x) + f": {self.error_message or '(no message)'}"
         ttft = f"{self.ttft_s * 1e3:.1f} ms" if self.ttft_s is not None else "-"
         return f"200, prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, ttft {ttft}"
+
+
+@dataclass
+class StreamControl:
+    """For a stream read on another thread: `first_text` is set when its first text arrives; set
+    `stop` to leave the stream at its next event (the server then sees the client go)."""
+
+    first_text: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
 
 
 def one_line(text: str, limit: int = 200) -> str:
@@ -86,7 +95,7 @@ def error_observation(status: int, content: bytes, latency_s: float) -> Observat
 
 
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
-                 stop: threading.Event | None = None) -> Observation:
+                control: StreamControl | None = None) -> Observation:
     """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's."""
     text, times, usage, events, done = [], [], None, 0, False
     for line in stream_lines:
@@ -109,8 +118,10 @@ def read_stream(stream_lines: Iterator[str], start: float, content_type: str | N
             if piece:
                 times.append(time.perf_counter())
                 text.append(piece)
+                if control is not None:
+                    control.first_text.set()
         usage = _field(event, "usage", dict) or usage
-        if stop is not None and stop.is_set():
+        if control is not None and control.stop.is_set():
             done = True
             break
     if not events:

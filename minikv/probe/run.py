@@ -10,6 +10,7 @@ import httpx
 
 from minikv.probe.canary import check_canary
 from minikv.probe.client import OutOfBudget, ProbeClient, mask
+from minikv.probe.eviction import check_eviction
 from minikv.probe.replies import CannotProbe
 from minikv.probe.honesty import check_honesty
 from minikv.probe.options import ProbeOptions
@@ -17,6 +18,7 @@ from minikv.probe.over_length import check_over_length
 from minikv.probe.prefix_cache import check_prefix_cache
 from minikv.probe.report import INFO, INCOMPLETE, PASS, CheckResult, exit_status
 from minikv.probe.session import MARGIN_TOKENS, ProbeSession, calibrate
+from minikv.probe.token_gaps import check_token_gaps
 
 MIN_CONTEXT = 64
 MAX_CONTEXT = 1 << 20  # the probe writes prompts up to the window: about 2 MB of letters at this size
@@ -30,6 +32,8 @@ def checks(options: ProbeOptions) -> list[tuple[str, Callable[[ProbeSession, Che
         "over-length": ("over-length", check_over_length),
         "honesty": ("prompt-token honesty", check_honesty),
         "prefix-cache": ("shared prefix cache", lambda s, r: check_prefix_cache(s, r, options.rounds)),
+        "eviction": ("shared eviction order", check_eviction),
+        "token-gaps": ("inter-token gap", check_token_gaps),
     }
     return [every[name] for name in every if name in options.checks]
 
@@ -60,9 +64,11 @@ class ProbeReport:
 
     def summary(self) -> str:
         failed = [r.name for r in self.results if r.verdict not in (PASS, INFO)]
+        measured = [r.name for r in self.results if r.verdict == INFO]
         salted = ", a cache_salt per key" if self.salt_per_key else ""
         return (f"{self.requests_sent} requests to {self.endpoint} ({self.model}, window {self.context:,} tokens{salted}): "
-                + ("all checks passed" if not failed else f"not passed: {', '.join(failed)}"))
+                + ("all checks passed" if not failed else f"not passed: {', '.join(failed)}")
+                + (f"; measured, not judged: {', '.join(measured)}" if measured else ""))
 
 
 def pick_model(listed: list[dict], model: str | None) -> tuple[str, dict | None]:

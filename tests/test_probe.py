@@ -47,11 +47,30 @@ def test_probe_passes_the_safe_cluster():
     assert report["requests_sent"] <= 200
 
 
-def test_probe_detects_a_prefix_cache_shared_across_keys():
-    """One engine without cache_salt: key B hits key A's cached prefix; the audit says shared. (Needs the prefix branch.)"""
+@pytest.fixture(scope="module")
+def unsalted_server():
+    """One engine that does not salt its prefix cache per tenant (a gateway in front may still salt)."""
     with ServerProcess(["--disable", "cache_salt", *KEYS]) as server:
-        status, report, _ = probe(server.url, "--rounds", "12")
-    assert status == 1 and verdicts(report)["shared prefix cache"] == FAIL
+        yield server
+
+
+def check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+def test_probe_detects_a_prefix_cache_shared_across_keys(unsalted_server):
+    """One engine without cache_salt: key B hits key A's cached prefix; the audit says shared, and by which oracle."""
+    status, report, _ = probe(unsalted_server.url, "--rounds", "12")
+    audit = check(report, "shared prefix cache")
+    assert status == 1 and audit["verdict"] == FAIL and "cached_tokens" in audit["figures"]["oracle"]
+
+
+def test_salt_per_key_closes_the_shared_prefix_cache(unsalted_server):
+    """The same engine behind a gateway that salts per key (--salt-per-key): B never hits A's prompts; A still hits its own."""
+    status, report, _ = probe(unsalted_server.url, "--rounds", "12", "--check", "prefix-cache", "--salt-per-key")
+    audit = check(report, "shared prefix cache")
+    assert status == 0 and report["salt_per_key"] and audit["verdict"] == PASS, audit
+    assert "per key" in audit["reason"] and "decided by cached_tokens" in audit["reason"]
 
 
 def test_probe_cannot_reach_is_exit_2():
@@ -112,19 +131,24 @@ def test_exit_status():
 
 # --- the prefix-cache audit against a simulated endpoint ---------------------------------------------
 
-def simulated_endpoint(shared: bool, report_cached: bool):
-    """An httpx transport playing an endpoint with a prefix cache: a cached prompt skips prefill time."""
+def simulated_endpoint(shared: bool, report_cached: bool, bodies: list[dict] | None = None):
+    """An httpx transport playing an endpoint with a prefix cache: a cached prompt skips prefill time.
+
+    A shared cache is still split by the request's `cache_salt`, as vLLM's is; `bodies` collects what was sent.
+    """
     import time
 
     import httpx
 
     seen: set[tuple[str, str]] = set()
+    bodies = [] if bodies is None else bodies
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/models"):
             return httpx.Response(200, json={"data": [{"id": "sim", "max_model_len": 1024}]})
         body = json.loads(request.content)
-        owner = "" if shared else request.headers["authorization"]
+        bodies.append(body)
+        owner = body.get("cache_salt", "") if shared else request.headers["authorization"]
         hit = (owner, body["prompt"]) in seen
         seen.add((owner, body["prompt"]))
         tokens = len(body["prompt"])
@@ -137,21 +161,41 @@ def simulated_endpoint(shared: bool, report_cached: bool):
     return httpx.MockTransport(handle)
 
 
-@pytest.mark.parametrize("shared,report_cached,verdict", [
-    (True, True, FAIL), (True, False, FAIL), (False, True, PASS), (False, False, PASS),
-])
-def test_prefix_audit_tells_shared_from_per_key_caches(shared, report_cached, verdict):
-    """Gu et al.'s audit: a cache shared across keys fails (by timing alone too); a per-key cache passes."""
+def simulated_audit(transport, salt_per_key: bool = False) -> CheckResult:
     from minikv.probe.client import ProbeClient
     from minikv.probe.prefix_cache import check_prefix_cache
     from minikv.probe.session import ProbeSession, calibrate
 
-    client = ProbeClient("http://sim", 200, 120, transport=simulated_endpoint(shared, report_cached))
+    client = ProbeClient("http://sim", 200, 120, transport=transport, salt_per_key=salt_per_key)
     client.model = "sim"
     rng = random.Random(0)
     session = ProbeSession(client, KEY_A, KEY_B, 1024, calibrate(client, KEY_A, rng), rng)
     result = CheckResult("shared prefix cache")
     check_prefix_cache(session, result, rounds=12)
+    return result
+
+
+@pytest.mark.parametrize("shared,report_cached,verdict,oracle", [
+    (True, True, FAIL, "cached_tokens"), (True, False, FAIL, "time to first token (KS test)"),
+    (False, True, PASS, "cached_tokens"), (False, False, PASS, "time to first token (KS test)"),
+])
+def test_prefix_audit_tells_shared_from_per_key_caches(shared, report_cached, verdict, oracle):
+    """Gu et al.'s audit: a cache shared across keys fails (by timing alone too); a per-key cache passes;
+    the reason names the oracle that decided."""
+    result = simulated_audit(simulated_endpoint(shared, report_cached))
     assert result.verdict == verdict, result.format()
+    assert result.figures["oracle"].startswith(oracle) and f"decided by {oracle}" in result.reason
     if verdict == PASS:
         assert "per key" in result.reason
+
+
+def test_salt_per_key_sends_a_salt_of_each_key_never_the_key():
+    """--salt-per-key: every request carries its key's own cache_salt (a hash); a shared cache then passes."""
+    bodies: list[dict] = []
+    result = simulated_audit(simulated_endpoint(True, True, bodies), salt_per_key=True)
+    assert result.verdict == PASS, result.format()
+    salts = {b["cache_salt"] for b in bodies}
+    assert len(salts) == 2 and not any(k in salt or salt in k for salt in salts for k in (KEY_A, KEY_B))
+    unsalted: list[dict] = []
+    simulated_audit(simulated_endpoint(True, True, unsalted))
+    assert not any("cache_salt" in b for b in unsalted)

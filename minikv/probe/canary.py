@@ -13,12 +13,11 @@ import string
 from http import HTTPStatus
 
 from minikv.probe.report import FAIL, PASS, CheckResult
-from minikv.probe.session import ProbeSession
+from minikv.probe.session import MARGIN_TOKENS, ProbeSession
 
 CANARY_CHARS = 16
 MATCH_CHARS = 8  # a shared run this long is not chance: 62**8 possibilities
 MAX_TOKENS = 48
-MARGIN_TOKENS = 16
 LONG_FRACTIONS = (3 / 4, 13 / 16, 7 / 8, 1)  # of the longest prompt the window allows
 
 

@@ -1,149 +1,171 @@
-"""The probe's HTTP client: one streaming completion at a time, timed, within a budget.
+"""The probe's HTTP client: streaming completions, timed, within a request budget and a deadline.
 
 Time to first token is measured the way a customer's gateway measures it: from sending the
-request to the first server-sent event that carries text.
+request to the first server-sent event that carries text. Nothing the endpoint sends can hold the
+probe past its deadline or fill its memory: every wait is bounded by the time left, a watchdog
+shuts the socket at the deadline (an SSE keep-alive every few seconds cannot keep a read alive),
+and a reply is read up to `MAX_BODY_BYTES` (replies.py reads what came and checks its fields).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import socket
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http import HTTPStatus
 
 import httpx
 
-REQUEST_TIMEOUT_S = 60.0
+from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_observation, first_bytes, lines,
+                                  read_stream)
 
-
-class CannotProbe(Exception):
-    """The endpoint cannot be probed (unreachable, keys refused, no usage reported, ...)."""
+REQUEST_TIMEOUT_S = 60.0  # the longest wait for any one read, inside the time limit
+MAX_BODY_BYTES = 8 << 20  # no API reply the probe asks for comes near this
+HTTP_FAILURES = {httpx.ConnectError: "nothing answers there", httpx.ReadError: "the connection broke during the reply",
+                 httpx.WriteError: "the connection broke while sending", httpx.RemoteProtocolError: "the reply is not HTTP, or was cut short"}
 
 
 class OutOfBudget(Exception):
     """The request budget or the time limit is spent."""
 
 
-@dataclass(frozen=True)
-class Observation:
-    """What came back for one request."""
-
-    status: int
-    text: str = ""
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    ttft_s: float | None = None  # sending -> first text; None when no text came
-    latency_s: float = 0.0
-    error_code: str | None = None
-    error_message: str | None = None
-
-    @property
-    def first_token_s(self) -> float:
-        """Time to first token, or to the whole reply when no text came (it ended at once)."""
-        return self.ttft_s if self.ttft_s is not None else self.latency_s
-
-    def summary(self) -> str:
-        """One line for the report, without the reply's text."""
-        if self.status != HTTPStatus.OK:
-            return f"{self.status} {self.error_code or ''}: {self.error_message or ''}".strip()
-        ttft = f"{self.ttft_s * 1e3:.1f} ms" if self.ttft_s is not None else "-"
-        return f"200, prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, ttft {ttft}"
-
-
 def api_base(url: str) -> str:
-    """`http://host:port`, `.../v1` or `.../v1/` -> `.../v1`."""
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
+    """`http://host:port`, `.../v1` or `.../v1/` -> `.../v1`; CannotProbe if it is no http(s) URL with a host."""
+    try:
+        parsed = httpx.URL(url.strip())
+    except httpx.InvalidURL as e:
+        raise CannotProbe(f"{url!r} is not a URL ({e})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise CannotProbe(f"{url!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000")
+    base = str(parsed).rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def key_salt(key: str) -> str:
+    """The `cache_salt` a gateway that salts per tenant would send for `key`: a hash, never the key."""
+    return hashlib.sha256(b"minikv probe cache_salt\0" + key.encode()).hexdigest()[:32]
 
 
 class ProbeClient:
-    """Sends at most `budget` requests and none after `time_limit_s`."""
+    """Sends at most `budget` requests and none after `time_limit_s`; threads may share it."""
 
-    def __init__(self, url: str, budget: int, time_limit_s: float, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(self, url: str, budget: int, time_limit_s: float, transport: httpx.BaseTransport | None = None,
+                 salt_per_key: bool = False) -> None:
         self.base = api_base(url)
         self.budget, self.sent = budget, 0
         self.deadline = time.monotonic() + time_limit_s
+        self.time_limit_s = time_limit_s
         self.model: str | None = None
-        self.http = httpx.Client(timeout=REQUEST_TIMEOUT_S, transport=transport)
+        self.salt_per_key = salt_per_key
+        self.http = httpx.Client(transport=transport)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.http.close()
 
-    def _spend(self) -> None:
-        if self.sent >= self.budget:
-            raise OutOfBudget(f"the request budget of {self.budget} is spent")
-        if time.monotonic() > self.deadline:
-            raise OutOfBudget("the time limit is reached")
-        self.sent += 1
+    def _spend(self) -> httpx.Timeout:
+        """Count one request; the timeout it may use (never past the deadline)."""
+        with self._lock:
+            if self.sent >= self.budget:
+                raise OutOfBudget(f"the request budget of {self.budget} is spent")
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise self._late()
+            self.sent += 1
+        return httpx.Timeout(min(REQUEST_TIMEOUT_S, left))
+
+    def _late(self) -> OutOfBudget:
+        return OutOfBudget(f"the time limit of {self.time_limit_s:g} s is reached")
+
+    def _failed(self, what: str, e: httpx.HTTPError) -> Exception:
+        if time.monotonic() >= self.deadline:
+            return self._late()
+        return CannotProbe(f"{what} failed: {HTTP_FAILURES.get(type(e), 'no reply')} ({type(e).__name__})")
 
     def models(self, key: str) -> list[dict]:
-        """GET /v1/models with `key`; CannotProbe if unreachable or refused."""
-        self._spend()
+        """GET /v1/models with `key`: the model objects; CannotProbe if unreachable, refused or malformed."""
+        url = f"{self.base}/models"
+        timeout = self._spend()
         try:
-            r = self.http.get(f"{self.base}/models", headers={"Authorization": f"Bearer {key}"})
+            with self._stream("GET", url, key, timeout) as r:
+                content = b"".join(self._chunks(r)) if r.status_code == HTTPStatus.OK else b""
+        except CannotProbe as e:
+            raise CannotProbe(f"GET {url}: {e}") from None
+        except httpx.ConnectError:
+            raise CannotProbe(f"cannot reach {self.base}: nothing answers there") from None
         except httpx.HTTPError as e:
-            raise CannotProbe(f"cannot reach {self.base}: {type(e).__name__}") from None
+            raise self._failed(f"GET {url}", e) from None
         if r.status_code != HTTPStatus.OK:
-            raise CannotProbe(f"GET {self.base}/models answered {r.status_code} for key {mask(key)}")
+            raise CannotProbe(f"GET {url} answered {r.status_code} for key {mask(key)}")
         try:
-            return list(r.json()["data"])
-        except (ValueError, KeyError, TypeError):
-            raise CannotProbe(f"GET {self.base}/models did not return a model list") from None
+            body = json.loads(content)
+        except ValueError:
+            raise CannotProbe(f"GET {url} answered 200 with a body that is not JSON "
+                              f"(content-type {r.headers.get('content-type')!r})") from None
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+            raise CannotProbe(f"GET {url} did not return a list of model objects ({{\"data\": [{{\"id\": ...}}]}})")
+        return data
 
-    def complete(self, key: str, prompt: str, max_tokens: int) -> Observation:
-        """POST /v1/completions, streamed, greedy; the reply, its usage and its time to first token."""
-        self._spend()
+    def complete(self, key: str, prompt: str, max_tokens: int, control: StreamControl | None = None) -> Observation:
+        """POST /v1/completions, streamed, greedy: the reply, its usage and its timings (`control`: see StreamControl)."""
+        url = f"{self.base}/completions"
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}
+        if self.salt_per_key:
+            body["cache_salt"] = key_salt(key)
+        timeout = self._spend()
         start = time.perf_counter()
         try:
-            with self.http.stream("POST", f"{self.base}/completions", json=body,
-                                  headers={"Authorization": f"Bearer {key}"}) as r:
+            with self._stream("POST", url, key, timeout, body) as r:
+                chunks = self._chunks(r)
                 if r.status_code != HTTPStatus.OK:
-                    r.read()
-                    return _error(r.status_code, r.content, time.perf_counter() - start)
-                return _read_stream(r.iter_lines(), start)
+                    return error_observation(r.status_code, first_bytes(chunks), time.perf_counter() - start)
+                return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
         except httpx.HTTPError as e:
-            raise CannotProbe(f"POST {self.base}/completions failed: {type(e).__name__}") from None
+            raise self._failed(f"POST {url}", e) from None
+        except CannotProbe as e:
+            raise CannotProbe(f"POST {url}: {e}") from None
+
+    @contextmanager
+    def _stream(self, method: str, url: str, key: str, timeout: httpx.Timeout, body: dict | None = None):
+        """The response, its headers read; a watchdog shuts its socket at the deadline, so that a
+        blocked read of the body returns then (the timeout only bounds each wait on its own)."""
+        with self.http.stream(method, url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as r:
+            stream = r.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), _shut, (sock,))
+            timer.daemon = True
+            if isinstance(sock, socket.socket):  # else a test transport: the checks between chunks suffice
+                timer.start()
+            try:
+                yield r
+            finally:
+                timer.cancel()
+
+    def _chunks(self, r: httpx.Response) -> Iterator[bytes]:
+        """The body's bytes, up to MAX_BODY_BYTES; OutOfBudget once the deadline has passed."""
+        size = 0
+        for chunk in r.iter_bytes():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise CannotProbe(f"a reply of more than {MAX_BODY_BYTES >> 20} MiB: not an API answer")
+            if time.monotonic() >= self.deadline:
+                break
+            yield chunk
+        if time.monotonic() >= self.deadline:  # also when the watchdog ended the body early
+            raise self._late()
 
 
-def _error(status: int, content: bytes, latency_s: float) -> Observation:
+def _shut(sock: socket.socket) -> None:
     try:
-        err = json.loads(content)["error"]
-        return Observation(status, latency_s=latency_s, error_code=err.get("code"), error_message=str(err.get("message"))[:300])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return Observation(status, latency_s=latency_s, error_message=content[:200].decode("utf-8", "replace"))
-
-
-def _read_stream(lines, start: float) -> Observation:
-    text, ttft, usage, error = [], None, {}, None
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            break
-        try:
-            event = json.loads(data)
-        except ValueError:
-            continue
-        if "error" in event:
-            error = event["error"]
-            break
-        for choice in event.get("choices") or []:
-            piece = choice.get("text") or ""
-            if piece and ttft is None:
-                ttft = time.perf_counter() - start
-            text.append(piece)
-        usage = event.get("usage") or usage
-    latency = time.perf_counter() - start
-    if error is not None:
-        return Observation(HTTPStatus.INTERNAL_SERVER_ERROR, "".join(text), latency_s=latency,
-                           error_code=error.get("code"), error_message=str(error.get("message"))[:300])
-    details = usage.get("prompt_tokens_details") or {}
-    return Observation(HTTPStatus.OK, "".join(text), usage.get("prompt_tokens"), usage.get("completion_tokens"),
-                       details.get("cached_tokens"), ttft, latency)
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's method, also under TLS
+    except OSError:
+        pass
 
 
 def mask(key: str) -> str:

@@ -1,6 +1,6 @@
-"""`python -m minikv probe URL --key KEY_A --key KEY_B [--model M] [--context N] [--json]`.
+"""`python -m minikv probe URL --key KEY_A --key KEY_B [--model M] [--context N] [--check NAME] [--json]`.
 
-Runs the four checks in order and prints, for each, what it sent, what came back and a verdict.
+Runs the chosen checks in order and prints, for each, what it sent, what came back and a verdict.
 Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a
 check could not finish inside the budget). It never sends more than `--budget` requests or
 runs past `--time-limit` seconds.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
-DEFAULT_BUDGET = 200
-DEFAULT_TIME_LIMIT_S = 300.0
-DEFAULT_ROUNDS = 20
+from minikv.probe.options import CHECKS, DEFAULT_CHECKS, ProbeOptions
+
+DEFAULTS = ProbeOptions()
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -22,9 +23,13 @@ def add_probe_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--key", action="append", default=[], metavar="KEY", help="an API key you own; give exactly two (A, then B)")
     parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
     parser.add_argument("--context", type=positive_int, help="the advertised context window in tokens (default: max_model_len from /v1/models)")
-    parser.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="most requests to send (default %(default)s)")
-    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS", help="stop after this long (default %(default)s)")
-    parser.add_argument("--rounds", type=positive_int, default=DEFAULT_ROUNDS, help="rounds of the prefix-cache audit, 4 requests each (default %(default)s)")
+    parser.add_argument("--check", action="append", choices=CHECKS, metavar="NAME",
+                        help=f"a check to run (repeatable; one of {', '.join(CHECKS)}; default: {', '.join(DEFAULT_CHECKS)})")
+    parser.add_argument("--salt-per-key", action="store_true",
+                        help="send each key's requests with a cache_salt of its own (a hash of the key), as a gateway that salts per tenant does")
+    parser.add_argument("--budget", type=positive_int, default=DEFAULTS.budget, help="most requests to send (default %(default)s)")
+    parser.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s, metavar="SECONDS", help="stop after this long (default %(default)s)")
+    parser.add_argument("--rounds", type=positive_int, default=DEFAULTS.rounds, help="rounds of the prefix-cache audit, 4 requests each (default %(default)s)")
     parser.add_argument("--seed", type=int, help="seed for the random prompts and canaries (default: fresh each run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
 
@@ -34,17 +39,22 @@ def run_probe(args: argparse.Namespace) -> int:
     if len(args.key) != 2 or args.key[0] == args.key[1]:
         print("error: give two different keys you own: --key KEY_A --key KEY_B", file=sys.stderr)
         return 2
-    if not args.time_limit > 0:
-        print(f"error: --time-limit must be above 0, got {args.time_limit}", file=sys.stderr)
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        print(f"error: --time-limit must be a number of seconds above 0, got {args.time_limit}", file=sys.stderr)
         return 2
     from minikv.probe.run import CannotProbe, probe_endpoint  # scipy and httpx: only when the probe runs
 
     show = None if args.json else (lambda r: print(r.format(), flush=True))
+    checks = tuple(name for name in CHECKS if name in (args.check or DEFAULT_CHECKS))
     try:
-        report = probe_endpoint(args.url, *args.key, model=args.model, context=args.context, budget=args.budget,
-                                time_limit_s=args.time_limit, rounds=args.rounds, seed=args.seed, on_result=show)
+        report = probe_endpoint(args.url, *args.key, on_result=show, model=args.model, context=args.context,
+                                budget=args.budget, time_limit_s=args.time_limit, rounds=args.rounds, seed=args.seed,
+                                salt_per_key=args.salt_per_key, checks=checks)
     except CannotProbe as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a reply no test foresaw: still one line and "could not probe", never a FAIL
+        print(f"error: internal error of the probe ({type(e).__name__}: {e}); please report it", file=sys.stderr)
         return 2
     print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return report.status

@@ -15,14 +15,13 @@ import statistics
 from http import HTTPStatus
 
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
-from minikv.probe.session import ProbeSession, fastest_ms
+from minikv.probe.session import MARGIN_TOKENS, ProbeSession, fastest_ms
 
 MAX_TOKENS = 4
 REPEATS = 5
 TREND_FRACTIONS = (1 / 64, 1 / 16, 1 / 8, 3 / 16)  # of the window: small enough for any pool
 BLIND_RATIO = 0.5  # the top prompt's TTFT under half the trend's prediction: it was not read
 READABLE_RATIO = 1.5  # the trend must predict clearly more time at the top than at the start
-MARGIN_TOKENS = 16  # room for the tokenizer scale's rounding
 
 
 def check_over_length(s: ProbeSession, result: CheckResult) -> None:

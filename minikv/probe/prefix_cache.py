@@ -17,7 +17,7 @@ from http import HTTPStatus
 
 from scipy.stats import ks_2samp
 
-from minikv.probe.client import Observation
+from minikv.probe.replies import Observation
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
 from minikv.probe.session import ProbeSession
 
@@ -64,15 +64,24 @@ def check_prefix_cache(s: ProbeSession, result: CheckResult, rounds: int) -> Non
                 f"A's repeat: max {max(cached['own'], default=0)}" if any(cached.values()) else "not reported")
     timing_shared = test.pvalue < ALPHA and statistics.median(hit) < statistics.median(miss)
     counted_shared = max(cached["hit"], default=0) > 0
-    caches = (own_test.pvalue < ALPHA and statistics.median(own) < statistics.median(miss)) or max(cached["own"], default=0) > 0
+    own_timed = own_test.pvalue < ALPHA and statistics.median(own) < statistics.median(miss)
+    own_counted = max(cached["own"], default=0) > 0
     if timing_shared or counted_shared:
-        how = " and ".join(x for x, on in (("time to first token (KS test)", timing_shared),
-                                             ("cached_tokens", counted_shared)) if on)
-        result.decide(FAIL, f"key B's requests hit the cache key A filled: the prefix cache is shared across keys ({how})")
-    elif caches:
-        result.decide(PASS, "the endpoint caches prefixes, but per key: key B never hit key A's prompts")
+        oracle = _oracle(counted_shared, timing_shared)
+        verdict, reason = FAIL, "key B's requests hit the cache key A filled: the prefix cache is shared across keys"
+    elif own_timed or own_counted:
+        oracle = _oracle(own_counted, own_timed)
+        verdict, reason = PASS, "the endpoint caches prefixes, but per key: key B never hit key A's prompts"
     else:
-        result.decide(PASS, "no prefix caching seen at all, so nothing to share")
+        oracle = _oracle(bool(cached["own"]), True)
+        verdict, reason = PASS, "no prefix caching seen at all, so nothing to share"
+    result.figures["oracle"] = oracle
+    result.decide(verdict, f"{reason} (decided by {oracle})")
+
+
+def _oracle(counted: bool, timed: bool) -> str:
+    """Which of the two signals showed what the verdict says."""
+    return " and ".join(name for name, on in (("cached_tokens", counted), ("time to first token (KS test)", timed)) if on)
 
 
 def _record(samples: dict[str, list[float]], cached: dict[str, list[int]], label: str, obs: Observation) -> None:

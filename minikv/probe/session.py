@@ -6,10 +6,12 @@ import random
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from minikv.probe.client import CannotProbe, Observation, ProbeClient, mask
+from minikv.probe.client import ProbeClient, mask
+from minikv.probe.replies import CannotProbe, Observation
 from minikv.probe.prompts import TokenScale, random_words
 
 CALIBRATION_WORDS = (8, 40)
+MARGIN_TOKENS = 16  # room for the token scale's rounding, past or below a window's edge
 
 
 @dataclass
@@ -40,7 +42,7 @@ def calibrate(client: ProbeClient, key: str, rng: random.Random) -> TokenScale:
     for words in CALIBRATION_WORDS:
         obs = client.complete(key, random_words(rng, words), 1)
         if obs.status != HTTPStatus.OK or obs.prompt_tokens is None:
-            raise CannotProbe(f"a {words}-word calibration prompt got {obs.summary()}: the probe needs usage.prompt_tokens")
+            raise CannotProbe(f"a calibration prompt of {words} words got {obs.summary()}: the probe needs usage.prompt_tokens")
         counts.append(obs.prompt_tokens)
     if counts[1] <= counts[0]:
         raise CannotProbe(f"usage.prompt_tokens does not grow with the prompt ({counts[0]} for {CALIBRATION_WORDS[0]} words, "

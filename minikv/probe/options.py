@@ -1,0 +1,27 @@
+"""What one probe run is asked to do: the checks to run and the limits to keep, with their defaults.
+
+No heavy imports here: the command line reads these before the probe (httpx, scipy) is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHECKS = ("canary", "over-length", "honesty", "prefix-cache", "eviction", "token-gaps")  # in the order they run
+DEFAULT_CHECKS = ("canary", "over-length", "honesty", "prefix-cache")  # the other two fill the endpoint's pool or stream
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    model: str | None = None  # None: the first model /v1/models lists
+    context: int | None = None  # None: max_model_len from /v1/models
+    budget: int = 200  # requests
+    time_limit_s: float = 300.0
+    rounds: int = 20  # of the prefix-cache audit, 4 requests each
+    seed: int | None = None  # None: fresh prompts and canaries each run
+    salt_per_key: bool = False  # each key's requests carry a cache_salt of their own, as a salting gateway sends
+    checks: tuple[str, ...] = DEFAULT_CHECKS
+
+    def __post_init__(self) -> None:
+        unknown = set(self.checks) - set(CHECKS)
+        assert not unknown, f"unknown checks {sorted(unknown)}"

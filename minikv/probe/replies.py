@@ -1,0 +1,172 @@
+"""What the probe reads back from the endpoint: an Observation, every field checked against the API.
+
+A reply that is not what the OpenAI API specifies (usage as an array, a count as a string, an
+event that is not a JSON object, a stream cut before `[DONE]`, ...) raises CannotProbe with one
+line that says what was wrong: a malformed endpoint cannot be probed, and is never a check's FAIL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+
+class CannotProbe(Exception):
+    """The endpoint cannot be probed (unreachable, keys refused, a malformed reply, ...)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What came back for one request."""
+
+    status: int
+    text: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    ttft_s: float | None = None  # sending -> first text; None when no text came
+    latency_s: float = 0.0
+    error_code: str | None = None
+    error_message: str | None = None
+    text_times: tuple[float, ...] = ()  # time.perf_counter() at each event that carried text
+
+    @property
+    def first_token_s(self) -> float:
+        """Time to first token, or to the whole reply when no text came (it ended at once)."""
+        return self.ttft_s if self.ttft_s is not None else self.latency_s
+
+    def summary(self) -> str:
+        """One line for the report, without the reply's text."""
+        if self.status != HTTPStatus.OK:
+            return " ".join(str(x) for x in (self.status, self.error_code) if x) + f": {self.error_message or '(no message)'}"
+        ttft = f"{self.ttft_s * 1e3:.1f} ms" if self.ttft_s is not None else "-"
+        return f"200, prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, ttft {ttft}"
+
+
+@dataclass
+class StreamControl:
+    """For a stream read on another thread: `first_text` is set when its first text arrives; set
+    `stop` to leave the stream at its next event (the server then sees the client go)."""
+
+    first_text: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """An error body as one short line: tags dropped (an HTML error page), whitespace collapsed."""
+    return " ".join(re.sub(r"<[^>]*>", " ", text).split())[:limit]
+
+
+def first_bytes(chunks: Iterator[bytes], limit: int = 4096) -> bytes:
+    """Enough of an error body to quote; the rest is left unread."""
+    data = b""
+    for chunk in chunks:
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit]
+
+
+def lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Lines of a byte stream (LF or CRLF), decoded leniently."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *whole, pending = pending.split(b"\n")
+        for line in whole:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+def error_observation(status: int, content: bytes, latency_s: float) -> Observation:
+    try:
+        err = json.loads(content)["error"]
+    except (ValueError, KeyError, TypeError):
+        return Observation(status, latency_s=latency_s, error_message=one_line(content.decode("utf-8", "replace")))
+    code, message = _error_fields(err)
+    return Observation(status, latency_s=latency_s, error_code=code, error_message=one_line(message, 300))
+
+
+def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
+                control: StreamControl | None = None) -> Observation:
+    """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's."""
+    text, times, usage, events, done = [], [], None, 0, False
+    for line in stream_lines:
+        if not line.startswith("data:"):
+            continue  # comments (keep-alives), event names, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        event = _event(data)
+        events += 1
+        if "error" in event:
+            code, message = _error_fields(event["error"])
+            return Observation(HTTPStatus.INTERNAL_SERVER_ERROR, "".join(text), latency_s=time.perf_counter() - start,
+                               error_code=code, error_message=one_line(message, 300))
+        for choice in _field(event, "choices", list) or []:
+            if not isinstance(choice, dict):
+                raise CannotProbe(f"a choice is {JSON_KINDS.get(type(choice), 'null')}, not an object")
+            piece = _field(choice, "text", str)
+            if piece:
+                times.append(time.perf_counter())
+                text.append(piece)
+                if control is not None:
+                    control.first_text.set()
+        usage = _field(event, "usage", dict) or usage
+        if control is not None and control.stop.is_set():
+            done = True
+            break
+    if not events:
+        raise CannotProbe(f"answered 200 with no server-sent events (content-type {content_type!r})")
+    if not done:
+        raise CannotProbe("a completion stream ended before its `data: [DONE]` (cut short)")
+    usage = usage or {}
+    details = _field(usage, "prompt_tokens_details", dict) or {}
+    return Observation(HTTPStatus.OK, "".join(text), _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
+                       _count(details, "cached_tokens"), times[0] - start if times else None,
+                       time.perf_counter() - start, text_times=tuple(times))
+
+
+JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _event(data: str) -> dict:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise CannotProbe(f"a server-sent event is not JSON: {one_line(data, 60)!r}") from None
+    if not isinstance(event, dict):
+        raise CannotProbe(f"a server-sent event is {JSON_KINDS.get(type(event), 'null')}, not an object")
+    return event
+
+
+def _field(obj: dict, name: str, kind: type) -> Any:
+    """obj[name] if it is a `kind`, None if absent or null; CannotProbe if it is anything else."""
+    value = obj.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise CannotProbe(f"{name} is {JSON_KINDS.get(type(value))}, not {JSON_KINDS[kind]}")
+    return value
+
+
+def _count(usage: dict, name: str) -> int | None:
+    """A token count from usage: a whole number >= 0, or None if absent; CannotProbe otherwise."""
+    value = usage.get(name)
+    if value is not None and (type(value) is not int or value < 0):
+        raise CannotProbe(f"usage.{name} is {value!r}, not a token count")
+    return value
+
+
+def _error_fields(err: object) -> tuple[str | None, str]:
+    """(code, message) of an error object, or of an error that is only a string."""
+    if isinstance(err, dict):
+        code = err.get("code")
+        return (None if code is None else str(code)), str(err.get("message"))
+    return None, err if isinstance(err, str) else json.dumps(err)

@@ -126,11 +126,8 @@ def test_eviction_check_fails_vulnerable_minikv():
     assert min(eviction["figures"]["a_cached_tokens"]["repeat"]) > 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="minikv's safe preset salts cache keys per tenant, but its parked pages share one LRU: the "
-                          "eviction channel is open until the engine gives each tenant's parked pages their own budget")
 def test_safe_minikv_passes_the_eviction_check(safe_report):
-    """When the engine closes the channel, this passes (XPASS fails the run): drop the xfail mark then."""
+    """The safe preset's cache_partition: A's requests never evict B's cached pages, so B reads nothing of A."""
     _, report = safe_report
     eviction = check(report, "shared eviction order")
     if eviction["verdict"] not in (PASS, FAIL):

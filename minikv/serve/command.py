@@ -36,6 +36,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     parser.add_argument("--context-len", type=positive_int, help="context window in tokens (default 1024)")
     parser.add_argument("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
+    parser.add_argument("--prefill-chunk", type=positive_int, metavar="TOKENS",
+                        help="chunked prefill on the single engine: a prompt at most this many tokens a step, a decode step between")
     parser.add_argument("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
 
@@ -74,7 +76,8 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
     try:
         backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
-                                args.model, args.device, args.threads, tenants=len(set(keys.values())))
+                                args.model, args.device, args.threads, tenants=len(set(keys.values())),
+                                prefill_chunk=args.prefill_chunk)
     except StartupRefused as e:
         raise ValueError(f"startup_check refused to start: {e}") from None
     except WorkerStartError as e:

@@ -38,7 +38,8 @@ TRANSPORTS = ("inprocess", "distributed")
 
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
-                  model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1) -> FrontDoor:
+                  model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
+                  prefill_chunk: int | None = None) -> FrontDoor:
     """The Engine, or the Cluster with its switches (StartupRefused if startup_check says no).
 
     With `transport="distributed"` the cluster's nodes run in two worker processes (DistCluster),
@@ -55,8 +56,9 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
                            devices=(device, device) if device else None, threads=threads)
     if disagg:
         return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
+    chunks = {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk} if prefill_chunk else {}
     return Engine(model, tokenizer, EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
-                                                 cache_partition=switches.cache_partition, **context))
+                                                 cache_partition=switches.cache_partition, **context, **chunks))
 
 
 @dataclass(eq=False)

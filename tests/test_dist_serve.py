@@ -16,6 +16,7 @@ import pytest
 from test_probe import KEY_A, KEY_B, KEYS, probe, verdicts
 
 from minikv.probe.report import FAIL, PASS
+from minikv.disagg.dist.cluster import STALL_S
 from minikv.serve.launch import ServerProcess, ServerThread
 
 MODEL = "tiny-llama"
@@ -158,10 +159,41 @@ def test_a_killed_worker_gives_503_not_a_hang(safe_server):
     thread.join(ANSWER_TIMEOUT_S)
     assert not thread.is_alive(), "the live request hung"
     assert isinstance(outcome[0], openai.APIStatusError) and outcome[0].status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    assert "pid" not in str(outcome[0]) and str(pids["decode"]) not in str(outcome[0])  # a client learns no pid
     with pytest.raises(openai.APIStatusError) as later:
         client(server, KEY_B).completions.create(model=MODEL, prompt="bob: save pin 1234.\n", max_tokens=8)
     assert later.value.status_code == HTTPStatus.SERVICE_UNAVAILABLE
     health = httpx.get(server.url + "/health", timeout=5)
-    assert health.status_code == HTTPStatus.SERVICE_UNAVAILABLE and "decode worker" in health.json()["failure"]
+    assert health.status_code == HTTPStatus.SERVICE_UNAVAILABLE and health.json() == {"status": "unavailable"}
+    assert "decode worker" in server.health()["failure"]  # the details: only for the operator's key
     assert not running(pids["prefill"])  # the survivor is stopped: the pair is down
     assert server.stop() == 0 and not running(pids["decode"])
+
+
+def test_a_stopped_worker_is_detected_and_gives_503():
+    """SIGSTOP of the decode worker mid-request (it stays alive but answers nothing): within its stall
+    timeout the pair is declared down, the request gets a 503, and the operator's /health says why."""
+    with ServerProcess(["--disagg", "--transport", "distributed", "--preset", "safe", "--context-len", "672",
+                        "--api-key", f"alice={KEY_A}"]) as server:
+        pids = worker_pids(server)
+        outcome: list[BaseException | str] = []
+
+        def long_request() -> None:
+            try:
+                outcome.append(client(server).completions.create(model=MODEL, prompt=COUNTING, max_tokens=600).choices[0].text)
+            except openai.APIStatusError as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=long_request, daemon=True)
+        thread.start()
+        while server.health()["live_requests"] == 0 and thread.is_alive():
+            time.sleep(0.01)
+        os.kill(pids["decode"], signal.SIGSTOP)
+        try:
+            thread.join(STALL_S + 20)
+            assert not thread.is_alive(), "the live request hung behind a stopped worker"
+            assert isinstance(outcome[0], openai.APIStatusError) and outcome[0].status_code == HTTPStatus.SERVICE_UNAVAILABLE
+            assert "stopped answering" in server.health()["failure"]
+        finally:
+            if running(pids["decode"]):  # the front door kills it when it gives up on the pair
+                os.kill(pids["decode"], signal.SIGKILL)

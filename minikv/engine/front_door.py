@@ -25,7 +25,7 @@ from minikv.engine.config import EngineConfig
 from minikv.engine.events import Clock, Event, EventLog
 from minikv.engine.request import Finished, Request, Response, Sequence, error_response, to_response
 from minikv.model.sampling import SamplingParams
-from minikv.model.tokenizer import PromptError, encode_prompt
+from minikv.model.tokenizer import PromptError, encode_prompt, longest_token_chars
 
 # -- admission control: the checks a request must pass before it may hold any KV cache ---------
 class Rejected(Exception):
@@ -55,9 +55,17 @@ def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[
         raise Rejected(str(e)) from None
 
 
-def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int) -> list[int]:
+def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
+                  chars_per_token: int | None = None) -> list[int]:
     """What every front door checks (Engine, Cluster, DistCluster): the request's shape, then the
-    advertised window. Returns the prompt's token ids, or raises Rejected."""
+    advertised window. Returns the prompt's token ids, or raises Rejected. A prompt of more than
+    (context_len - 1) * `chars_per_token` characters (the longest token's) is refused before it is
+    tokenized: however it splits, it has too many tokens, and tokenizing a megabyte takes seconds."""
+    text = request.prompt
+    if chars_per_token is not None and isinstance(text, str) and len(text) > (context_len - 1) * chars_per_token:
+        at_least = -(-len(text) // chars_per_token)
+        raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window is "
+                       f"{context_len} tokens (prompt + output)", at_least)
     ids = check_request(request, tokenizer)
     check_context(len(ids), request.max_tokens, context_len)
     return ids
@@ -156,6 +164,7 @@ class FrontDoor(ABC):
     def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, log: EventLog, clock: Clock,
                  door: str) -> None:
         self.config, self.tokenizer, self.log, self.clock, self.door = config, tokenizer, log, clock, door
+        self.chars_per_token = longest_token_chars(tokenizer)  # for the length check before tokenizing
         self.book = RequestBook()
         self.seqs: dict[str, Sequence] = {}  # engine id -> the request being served, until it ends
 
@@ -184,15 +193,16 @@ class FrontDoor(ABC):
         """Release what the server holds outside this process (DistCluster's workers); nothing here."""
 
     # -- the client API ----------------------------------------------------------------------
-    def submit(self, request: Request) -> str:
+    def submit(self, request: Request, prompt_ids: list[int] | None = None) -> str:
         """Admit `request`, or answer it at once: 400 with the reason, or 500 if checking it raised.
-        Returns the engine's id for it."""
+        Returns the engine's id for it. `prompt_ids`: what `check_at_door` returned for this request
+        (a server runs the checks on its own threads, off the one that steps the engine)."""
         request_id, tenant, problem = self.book.open(request)
         name = request.request_id if isinstance(request.request_id, str) else None
         try:
             if problem:
                 raise Rejected(problem)
-            ids = check_at_door(request, self.tokenizer, self.config.context_len)
+            ids = prompt_ids or check_at_door(request, self.tokenizer, self.config.context_len, self.chars_per_token)
             self.seqs[request_id] = self._admit(request, request_id, ids)
         except Rejected as e:
             self._event("reject", request_id, tenant, e.reason)

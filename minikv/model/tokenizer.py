@@ -68,7 +68,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     ids = encode_text(tokenizer, text)
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:
-        bad = sorted({ch for ch in text if encode_text(tokenizer, ch) == [unk]})
+        bad = sorted(ch for ch in set(text) if encode_text(tokenizer, ch) == [unk])  # each distinct character once
         if not bad:  # a multi-character piece the tokenizer cannot spell
             raise PromptError(f"prompt has text the tokenizer maps to {tokenizer.unk_token!r} (outside the model's vocabulary)")
         shown = ", ".join(repr(ch) for ch in bad[:5])
@@ -78,6 +78,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
         raise PromptError(f"prompt text encodes to control token(s) {tokenizer.convert_ids_to_tokens(control)}; "
                           f"refused: prompt text must never become a control token")
     return ids
+
+
+def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters one (non-special) token decodes to: a text of n characters is at least
+    n / this many tokens, which lets a door refuse a far too long prompt before tokenizing it."""
+    special = set(tokenizer.all_special_ids)
+    return max(len(tokenizer.decode([i], skip_special_tokens=True)) for i in range(len(tokenizer)) if i not in special)
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

@@ -2,11 +2,12 @@
 
     POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop",
     POST /v1/chat/completions    "stream", "stream_options", "cache_salt"} or "messages" instead of "prompt"
-    GET  /v1/models             the one model, with its context window as `max_model_len`
-    GET  /health                pool occupancy and live requests (no key needed)
+    GET  /v1/models[/{id}]      the one model, with its context window as `max_model_len`
+    GET  /health                liveness for anyone; pools, requests and workers for the operator's key
 
 Every call, served or refused, is written to the gateway log. A bad request ends itself with an
-error in OpenAI's shape; nothing a client sends can stop the engine loop.
+error in OpenAI's shape; nothing a client sends can stop the engine loop. A prompt is checked and
+tokenized on a thread of this process, never on the engine loop's: one huge prompt delays no one.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from minikv.engine.front_door import Rejected, check_at_door
 from minikv.engine.request import Request
 from minikv.engine.request import Response as Answer
 from minikv.serve.engine_loop import EngineLoop, Ticket
@@ -48,6 +51,7 @@ class ServerSettings:
     context_len: int  # advertised as max_model_len
     api_keys: dict[str, str]  # key -> tenant; empty: everyone is tenant "anon"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    admin_key: str | None = None  # the operator's key: /health shows it what every tenant is doing
 
 
 @dataclass
@@ -126,18 +130,27 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
         return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}", "internal_error").response()
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(http: HTTPRequest) -> JSONResponse:
+        """Liveness for anyone; the details (pages held, live requests, steps, workers) only for the
+        operator's key: to anyone else they would show every tenant's activity."""
         stats = loop.stats()
-        down = stats.get("failure")  # set when a worker of the distributed pair has died
-        return JSONResponse({"status": "unavailable" if down else "ok", "model": settings.model_name, **stats},
-                            status_code=HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK)
+        down = stats.get("failure")  # set when a worker of the distributed pair has died or stalled
+        operator = settings.admin_key is not None and http.headers.get("authorization") == f"Bearer {settings.admin_key}"
+        body = {"status": "unavailable" if down else "ok"} | ({"model": settings.model_name, **stats} if operator else {})
+        return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK)
 
     @app.get("/v1/models")
     async def models(http: HTTPRequest) -> dict:
         tenant_for(http.headers.get("authorization"), settings.api_keys)
-        card = {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "minikv",
-                "max_model_len": settings.context_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(settings)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, http: HTTPRequest) -> dict:
+        tenant_for(http.headers.get("authorization"), settings.api_keys)
+        if model_id != settings.model_name:
+            raise APIError(HTTPStatus.NOT_FOUND, f"the model {model_id[:100]!r} does not exist; this server serves "
+                           f"{settings.model_name!r}", "model_not_found", "model")
+        return model_card(settings)
 
     @app.post("/v1/completions")
     async def completions(http: HTTPRequest) -> Response:
@@ -150,6 +163,11 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
     return app
 
 
+def model_card(settings: ServerSettings) -> dict:
+    return {"id": settings.model_name, "object": "model", "created": 0, "owned_by": "minikv",
+            "max_model_len": settings.context_len}
+
+
 async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: ServerSettings,
                      gateway: GatewayLog) -> Response:
     """One completion call: key, body, the engine's answer (whole or streamed), and its gateway record."""
@@ -159,10 +177,19 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
         body = parse_body(await read_body(http, settings.max_body_bytes), ChatBody if chat else CompletionBody)
         request = engine_request(body, call.account, settings)
+        door = loop.door  # the door's own checks, on a thread of this process
+        prompt_ids = await asyncio.to_thread(check_at_door, request, door.tokenizer, loop.context_len, door.chars_per_token)
+    except Rejected as e:
+        call.prompt_tokens = e.prompt_tokens
+        gateway.write(call.record(settings.model_name, HTTPStatus.BAD_REQUEST, 0, None, ""))
+        return engine_refusal(HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens).response()
     except APIError as e:
         gateway.write(call.record(settings.model_name, e.status, 0, None, ""))
         return e.response()
-    ticket = Ticket(request, body.stream, asyncio.get_running_loop())
+    except ClientDisconnect:  # the client left while sending its body: nothing to answer
+        gateway.write(call.record(settings.model_name, 499, 0, None, ""))
+        return Response(status_code=499)
+    ticket = Ticket(request, body.stream, asyncio.get_running_loop(), prompt_ids=prompt_ids)
     loop.submit(ticket)
     first = await next_update(ticket, http)
     if not body.stream and isinstance(first, str):
@@ -222,6 +249,9 @@ def engine_request(body: SamplingFields, tenant: str, settings: ServerSettings) 
                        f"{settings.model_name!r}", "model_not_found", "model")
     if body.n != 1:
         raise APIError(HTTPStatus.BAD_REQUEST, f"n must be 1 (one choice per request), got {body.n}", "invalid_value", "n")
+    if field := body.unsupported():
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{field} is not supported by this server (remove it, or send it empty)",
+                       "unsupported_parameter", field)
     if len(body.stop_strings()) > MAX_STOP_STRINGS:
         raise APIError(HTTPStatus.BAD_REQUEST, f"stop takes at most {MAX_STOP_STRINGS} strings", "invalid_value", "stop")
     if isinstance(body, ChatBody):

@@ -5,8 +5,9 @@
     python -m minikv serve --disagg --preset safe --context-len 672 ...
     python -m minikv serve --disagg --transport distributed ...  # prefill and decode in two worker processes
 
-uvicorn handles SIGINT and SIGTERM: it stops accepting connections, lets the requests in flight
-finish (up to a grace period), then the engine loop answers whatever is left and ends.
+On SIGINT or SIGTERM the server stops accepting requests, lets those in flight go on for up to
+--shutdown-grace seconds (10), then ends each one still running with a 503 (a stream with an error
+event and [DONE]), and exits 0.
 """
 
 from __future__ import annotations
@@ -16,7 +17,22 @@ import signal
 import sys
 from pathlib import Path
 
-GRACEFUL_SHUTDOWN_S = 5
+SHUTDOWN_GRACE_S = 10.0  # what requests in flight get to finish after SIGTERM, by default
+
+
+def draining_server(config, loop, grace_s: float):
+    """uvicorn's server, which on SIGINT or SIGTERM first tells the engine loop to drain: uvicorn alone
+    would cancel the streams still open when its own grace ends, with no error event for them."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            loop.drain(grace_s)
+            super().handle_exit(sig, frame)
+
+    server = DrainingServer(config)
+    server.engine_loop = loop
+    return server
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
@@ -31,6 +47,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
     parser.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
     parser.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
                         help="a bearer key and the tenant it stands for (repeatable); none: everyone is tenant 'anon'")
+    parser.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="S",
+                        help="after SIGTERM, how long requests in flight may go on before a 503 ends them (default %(default)g)")
+    parser.add_argument("--admin-key", metavar="KEY", help="the operator's bearer key: /health shows it pools, requests "
+                        "and workers (anyone else sees liveness only)")
     parser.add_argument("--log", metavar="FILE", help="append the gateway log (JSON Lines, the scan-logs schema) to FILE")
     parser.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
@@ -51,6 +71,10 @@ def check_args(args: argparse.Namespace):
         raise ValueError(f"--port must be 0-65535, got {args.port}")
     if args.transport != "inprocess" and not args.disagg:
         raise ValueError(f"--transport {args.transport} needs --disagg (the single engine has no transfer)")
+    if not 0 <= args.shutdown_grace <= 3600:
+        raise ValueError(f"--shutdown-grace must be 0 to 3600 seconds, got {args.shutdown_grace:g}")
+    if args.admin_key and args.admin_key in {spec.partition("=")[2] for spec in args.api_key}:
+        raise ValueError("--admin-key must not be a tenant's key: a tenant would see every other tenant's activity")
     return parse_api_keys(args.api_key), SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
 
 
@@ -90,10 +114,11 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
     ]
-    settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                              args.admin_key)
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, lifespan="on")
-    return uvicorn.Server(config), lines
+                            access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on")
+    return draining_server(config, loop, args.shutdown_grace), lines
 
 
 def _topology(args: argparse.Namespace) -> str:

@@ -69,6 +69,7 @@ class Ticket:
     request: Request
     stream: bool
     aio_loop: asyncio.AbstractEventLoop
+    prompt_ids: list[int] | None = None  # what the door's checks returned, on the handler's thread
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived_s: float = field(default_factory=time.perf_counter)
     # Written by the loop thread only:
@@ -93,6 +94,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue[tuple[str, Ticket]] = queue.SimpleQueue()
         self._live: dict[str, Ticket] = {}  # engine id -> ticket; the loop thread's alone
         self._stopping = threading.Event()
+        self._drain_at: float | None = None  # once set (SIGTERM), no new request; at this time, 503 for the rest
         self._thread = threading.Thread(target=self._main, name="minikv-engine-loop", daemon=True)
         self._stats_lock = threading.Lock()
         self._stats: dict = {}
@@ -114,8 +116,13 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
+    def drain(self, grace_s: float) -> None:
+        """Take no new request; let those in flight go on for `grace_s`, then end each with a 503."""
+        if self._drain_at is None:
+            self._drain_at = time.monotonic() + grace_s
+
     def submit(self, ticket: Ticket) -> None:
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._drain_at is not None:
             ticket.post(_refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down"))
             return
         self._inbox.put(("submit", ticket))
@@ -140,14 +147,13 @@ class EngineLoop:
                     self._relay()
                     for response in done:
                         self._deliver(response)
+                if self._drain_at is not None and time.monotonic() >= self._drain_at:
+                    self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
                 self._refresh_stats()
             except Exception as e:  # a bug must end the requests it touched, never the server
                 print(f"engine loop: step failed ({type(e).__name__}); answering live requests 500", file=sys.stderr)
-                for ticket in list(self._live.values()):
-                    self._finish(ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}"))
-                self._live.clear()
-        for ticket in list(self._live.values()):
-            self._finish(ticket, _refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down"))
+                self._refuse_live(HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}")
+        self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
         while not self._inbox.empty():
             kind, ticket = self._inbox.get_nowait()
             if kind == "submit":
@@ -172,7 +178,7 @@ class EngineLoop:
 
     def _submit(self, ticket: Ticket) -> None:
         try:
-            ticket.engine_id = self.door.submit(ticket.request)
+            ticket.engine_id = self.door.submit(ticket.request, ticket.prompt_ids)
         except Exception as e:  # the engine answers bad requests 400 itself; this is a bug, for this request only
             print(f"engine loop: submit failed ({type(e).__name__})", file=sys.stderr)
             self._finish(ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}"))
@@ -204,6 +210,16 @@ class EngineLoop:
             self._send(ticket, response.text)
         ticket.tokens_seen = response.usage.completion_tokens or ticket.tokens_seen
         self._finish(ticket, response)
+
+    def _refuse_live(self, status: HTTPStatus, reason: str) -> None:
+        """End every live request with `status` (its engine request cancelled, so its pages come back)."""
+        for eid, ticket in list(self._live.items()):
+            try:
+                self.door.cancel(eid)
+            except Exception:  # noqa: BLE001 - a broken door still owes every client an answer
+                pass
+            self._finish(ticket, _refused(ticket, status, reason))
+        self._live.clear()
 
     def _finish(self, ticket: Ticket, response: Response) -> None:
         ticket.done = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,6 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def operator_health(url: str, admin_key: str) -> dict:
+    """/health as the operator sees it: pools, live requests, steps, workers."""
+    return httpx.get(url + "/health", headers={"Authorization": f"Bearer {admin_key}"}, timeout=5.0).json()
+
+
 class ServerStartError(RuntimeError):
     """The server exited, or never answered /health; the message holds its output."""
 
@@ -47,11 +53,12 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
         self._output = tempfile.TemporaryFile(mode="w+")
+        self.admin_key = secrets.token_hex(12)  # the operator's key of this server (its /health details)
         root = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args],
+            [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args, "--admin-key", self.admin_key],
             stdout=self._output, stderr=subprocess.STDOUT, env=child_env,
         )
         self.wait_ready()
@@ -71,7 +78,7 @@ class ServerProcess:
         raise ServerStartError(f"no answer on {self.url}/health after {READY_TIMEOUT_S:.0f} s: {self.output()}")
 
     def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=5.0).json()
+        return operator_health(self.url, self.admin_key)
 
     def output(self) -> str:
         """Everything the server printed so far (its startup log; never a prompt)."""
@@ -109,7 +116,9 @@ class ServerThread:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
-        self.server, self.startup_log = build_server(parser.parse_args(["--port", str(self.port), *args]), model, tokenizer)
+        self.admin_key = secrets.token_hex(12)
+        argv = ["--port", str(self.port), *args, "--admin-key", self.admin_key]
+        self.server, self.startup_log = build_server(parser.parse_args(argv), model, tokenizer)
         self.thread = threading.Thread(target=self.server.run, name=f"minikv-serve-{self.port}", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -119,10 +128,11 @@ class ServerThread:
             time.sleep(0.05)
 
     def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=5.0).json()
+        return operator_health(self.url, self.admin_key)
 
     def stop(self) -> int:
-        """What SIGTERM does to the process: stop accepting, finish what is in flight, end the loop."""
+        """What SIGTERM does to the process, without the grace: stop accepting, end the loop."""
+        self.server.engine_loop.drain(0.0)
         self.server.should_exit = True
         self.thread.join(STOP_TIMEOUT_S)
         return 0 if not self.thread.is_alive() else 1

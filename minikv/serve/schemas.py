@@ -6,12 +6,14 @@ status, so a client library sees what it sees from OpenAI, vLLM or SGLang and ca
 Types are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7); values
 are checked by the engine's own admission (`max_tokens` <= 0, `top_p` of 3, an over-length
 prompt), so the HTTP server and the in-process API refuse the same requests with the same words.
-Fields this server does not use (`user`, `logprobs`, ...) are accepted and ignored, as the
-OpenAI API's clients send them freely.
+Fields that would change the answer and that this server does not implement (`logprobs`, `echo`,
+`best_of`, `tools`, ...) are refused with a 400 naming the field; fields that change nothing of
+the answer (`user`, `metadata`, ...) are accepted and ignored, as clients send them freely.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from http import HTTPStatus
 from typing import Literal
@@ -23,6 +25,12 @@ from minikv.engine.request import Request, Usage
 from minikv.model.sampling import SamplingParams
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
+UNSUPPORTED = {  # field -> the values that ask for nothing (a client's default): anything else is refused
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+    "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+    "functions": (None, []), "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
+}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
@@ -34,17 +42,25 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields both endpoints share."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="allow")
     model: StrictStr
     max_tokens: StrictInt | None = None
     temperature: float | None = None  # None: the engine's default, greedy (SamplingParams)
     top_p: float | None = None
-    seed: StrictInt | None = Field(None, le=2**63 - 1)  # torch seeds are 64-bit; the engine checks >= 0
+    seed: StrictInt | None = Field(None, le=2**64 - 1)  # torch seeds are 64-bit unsigned; the engine checks >= 0
     stop: StrictStr | list[StrictStr] | None = None
     n: StrictInt = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: StrictStr | None = Field(None, max_length=256)  # validated like any input (see docs/serve.md)
+
+    def unsupported(self) -> str | None:
+        """The first field sent that would change the answer and that this server does not implement."""
+        sent = self.model_extra or {}
+        for name, neutral in UNSUPPORTED.items():
+            if name in sent and sent[name] not in neutral:
+                return name
+        return "stream_options" if self.stream_options is not None and not self.stream else None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -168,8 +184,8 @@ def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
     if status == HTTPStatus.BAD_REQUEST:
         if prompt_tokens > 0:
             return APIError(HTTPStatus.BAD_REQUEST, reason, "context_length_exceeded", "prompt")
-        first_word = reason.split(" ", 1)[0]
-        return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", first_word if first_word in REQUEST_FIELDS else None)
+        param = next((w for w in re.findall(r"\w+", reason)[:2] if w in REQUEST_FIELDS), None)  # "max_tokens must", "empty prompt"
+        return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", param)
     if status == 499:
         return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
     if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown

@@ -3,8 +3,9 @@
 `DistCluster` is a `FrontDoor` like `Engine` and `Cluster` (ids, checks, one room and audit uid per
 request); it hands each checked request to both workers over queues of typed messages
 (messages.py), and the KV moves between the workers on torch.distributed, never through here. A
-worker that dies (killed, out of memory, a bug) takes the pair down: every live and new request is
-answered 503, the survivor is stopped, and `health()` says which worker died and how. `close()`
+worker that dies (killed, out of memory, a bug) or stops answering (stopped, hung: no heartbeat for
+STALL_S) takes the pair down: every live and new request is answered 503, the survivor is stopped,
+and `health()` says which worker failed and how (clients are told only that the pair is down). `close()`
 stops both (a shutdown, not a failure); a worker whose parent is gone exits on its own.
 """
 
@@ -33,8 +34,12 @@ from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence, error_response
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
+STALL_S = 10.0  # a worker silent this long (it reports at least every HEARTBEAT_S) has stopped answering
 START_TIMEOUT_S = 180.0  # both workers load a model: slow on a busy machine
 STOP_TIMEOUT_S = 5.0
+
+
+UNAVAILABLE = "service unavailable: a worker of the prefill/decode pair is down"  # what clients are told
 
 
 class WorkerStartError(RuntimeError):
@@ -66,7 +71,8 @@ class DistCluster(FrontDoor):
             raise StartupRefused(problem)
         super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door")  # the workers keep no event log
         self.switches = switches
-        self.failure: str | None = None  # why the pair is down; None while both workers live
+        self.failure: str | None = None  # why the pair is down (for the operator); None while both workers live
+        self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
         self.in_flight: set[str] = set()  # engine ids whose KV the prefill worker has posted
@@ -83,6 +89,7 @@ class DistCluster(FrontDoor):
         for process in self.workers.values():
             process.start()
         self._startup = self._wait_ready()
+        self.last_heard = {rank: time.monotonic() for rank in ROLES}  # both just said they are ready
 
     def _wait_ready(self) -> list[str]:
         """Both workers' startup lines, or WorkerStartError (both stopped) naming what went wrong."""
@@ -117,9 +124,10 @@ class DistCluster(FrontDoor):
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
         room = next(self._rooms)
         seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
+        self._take_news(0.0)
         self._watch_workers()
         if self.failure or self.stopping:
-            reason = f"service unavailable: {self.failure}" if self.failure else "the server is shutting down"
+            reason = UNAVAILABLE if self.failure else "the server is shutting down"
             self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
             return seq
         if self.config.prefix_caching:
@@ -140,9 +148,9 @@ class DistCluster(FrontDoor):
 
     # -- the clock -----------------------------------------------------------------------------
     def _advance(self) -> list[Finished]:
-        """Check both workers live, then take their news (waiting up to STEP_WAIT_S for the first)."""
-        self._watch_workers()
+        """Take the workers' news (waiting up to STEP_WAIT_S for the first), then check both still live."""
         self._take_news(STEP_WAIT_S)
+        self._watch_workers()
         ended, self._ended = self._ended, []
         return ended
 
@@ -157,6 +165,7 @@ class DistCluster(FrontDoor):
             return
 
     def _handle(self, message: object) -> None:
+        self.last_heard[getattr(message, "rank", 0 if isinstance(message, InFlight) else 1)] = time.monotonic()
         if isinstance(message, Ended):
             if message.seq.request_id in self.seqs and not self.failure:
                 self.in_flight.discard(message.seq.request_id)
@@ -172,7 +181,13 @@ class DistCluster(FrontDoor):
 
     # -- failure -------------------------------------------------------------------------------
     def _watch_workers(self) -> None:
-        if self.failure is None and not self.stopping and (problem := dead_worker(self.workers)):
+        """A worker that exited, or one silent for STALL_S (stopped, hung), takes the pair down."""
+        if self.failure is not None or self.stopping:
+            return
+        silent = {rank: time.monotonic() - heard for rank, heard in self.last_heard.items()}
+        stalled = next((f"the {ROLES[r]} worker (pid {self.workers[r].pid}) stopped answering: no message for {s:.0f} s"
+                        for r, s in silent.items() if s > STALL_S), None)
+        if problem := dead_worker(self.workers) or stalled:
             self._fail(problem)
 
     def _fail(self, reason: str) -> None:
@@ -182,7 +197,7 @@ class DistCluster(FrontDoor):
         self.failure = reason
         print(f"distributed cluster: {reason}; the pair is down, answering 503", file=sys.stderr, flush=True)
         ended = {f.seq.request_id for f in self._ended}
-        self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, f"service unavailable: {reason}")
+        self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE)
                         for seq in self.seqs.values() if seq.request_id not in ended]
         self.in_flight.clear()
         stop_workers(self.workers, self._commands, self._news)
@@ -194,8 +209,8 @@ class DistCluster(FrontDoor):
         It takes the news first: a worker reports its pages freed after the last answer, when the
         server, idle, no longer steps.
         """
-        self._watch_workers()
         self._take_news(0.0)
+        self._watch_workers()
         pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
                  for r, rep in self.reports.items()}
         workers = {ROLES[r]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for r, p in self.workers.items()}

@@ -33,6 +33,7 @@ from minikv.model.checkpoint import load_model
 PREFILL_RANK, DECODE_RANK = 0, 1
 ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
 IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
+HEARTBEAT_S = 1.0  # a worker reports at least this often, busy or idle: the front door's sign of life
 WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
 
 
@@ -104,9 +105,13 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
     """Take commands and step the node until told to stop or the parent is gone."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
     posted: set[str] = set()  # prefill: requests whose KV is on the wire, already said
+    reported = time.monotonic()
     while os.getppid() == parent_pid:
         if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
             return
+        if time.monotonic() - reported > HEARTBEAT_S:
+            outbox.put(Report(rank, report(node, manager)))
+            reported = time.monotonic()
         if not (node.live() or manager.rooms):
             continue
         before = report(node, manager)
@@ -124,6 +129,7 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
         after = report(node, manager)
         if after != before:
             outbox.put(Report(rank, after))
+            reported = time.monotonic()
         if not (node.running if isinstance(node, DecodeNode) else node.waiting_queue):
             time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
 

@@ -301,6 +301,12 @@ async def stream_events(ticket: Ticket, first: str | Answer, call: Call, body: S
                 call.prompt_tokens = outcome.usage.prompt_tokens  # logged before the last event goes out
                 gateway.write(call.record(model, outcome.status, outcome.usage.completion_tokens, outcome.ttft_s, outcome.text))
                 break
+            while not ticket.updates.empty():  # deltas that queued up while this one waited: one event
+                following = ticket.updates.get_nowait()
+                if not isinstance(following, str):
+                    ticket.updates.put_nowait(following)  # an Answer: after this event  (the queue was empty)
+                    break
+                item += following
             yield sse(chunk_body(call.api_id, model, call.chat, created, item, first=not sent))
             sent.append(item)
             item = await ticket.updates.get()

@@ -80,9 +80,19 @@ class Ticket:
 
     def post(self, item: str | Response) -> None:
         """Hand `item` to the handler's event loop (thread-safe); dropped if that loop has closed."""
+        post_all([(self, item)])
+
+
+def post_all(items: list[tuple[Ticket, str | Response]]) -> None:
+    """Hand every ticket its item with one wake-up of each handler's event loop (thread-safe): one a
+    step, not one a token per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, str | Response]]] = {}
+    for ticket, item in items:
+        by_loop.setdefault(ticket.aio_loop, []).append((ticket, item))
+    for aio_loop, batch in by_loop.items():
         try:
-            self.aio_loop.call_soon_threadsafe(self.updates.put_nowait, item)
-        except RuntimeError:
+            aio_loop.call_soon_threadsafe(lambda batch=batch: [t.updates.put_nowait(i) for t, i in batch])
+        except RuntimeError:  # that loop has closed: nobody is waiting
             pass
 
 
@@ -98,6 +108,7 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._main, name="minikv-engine-loop", daemon=True)
         self._stats_lock = threading.Lock()
         self._stats: dict = {}
+        self._outgoing: list[tuple[Ticket, str | Response]] = []  # this step's items, posted together
         self.steps = 0
 
     # -- any thread -------------------------------------------------------------------------------
@@ -149,11 +160,14 @@ class EngineLoop:
                         self._deliver(response)
                 if self._drain_at is not None and time.monotonic() >= self._drain_at:
                     self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
+                self._flush()
                 self._refresh_stats()
             except Exception as e:  # a bug must end the requests it touched, never the server
                 print(f"engine loop: step failed ({type(e).__name__}); answering live requests 500", file=sys.stderr)
                 self._refuse_live(HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}")
+                self._flush()
         self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
+        self._flush()
         while not self._inbox.empty():
             kind, ticket = self._inbox.get_nowait()
             if kind == "submit":
@@ -199,7 +213,7 @@ class EngineLoop:
 
     def _send(self, ticket: Ticket, text: str) -> None:
         if len(text) > ticket.sent_chars:
-            ticket.post(text[ticket.sent_chars:])
+            self._outgoing.append((ticket, text[ticket.sent_chars:]))
             ticket.sent_chars = len(text)
 
     def _deliver(self, response: Response) -> None:
@@ -223,7 +237,11 @@ class EngineLoop:
 
     def _finish(self, ticket: Ticket, response: Response) -> None:
         ticket.done = True
-        ticket.post(response)
+        self._outgoing.append((ticket, response))
+
+    def _flush(self) -> None:
+        items, self._outgoing = self._outgoing, []
+        post_all(items)
 
     def _refresh_stats(self) -> None:
         stats = self.door.health() | {"live_requests": len(self._live), "steps": self.steps}

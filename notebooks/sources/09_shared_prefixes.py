@@ -260,7 +260,7 @@ plt.tight_layout(); plt.show()
 # like any other and a stalled burst costs one rank. A guess's **rank sum** adds its ranks over the
 # cycles: with no hit, every cycle ranks it anywhere with equal odds, so a very low sum is unlikely by
 # chance. Testing 11 guesses again after every cycle gives chance many tries, so a **Bonferroni
-# correction** divides the allowed false-alarm chance by the number of tests. No verdict after 24 cycles
+# correction** divides the allowed false-alarm chance by the number of tests. No verdict after 48 cycles
 # means *no hit*: the attack stops rather than guess.
 #
 # The result answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 3-digit PIN
@@ -270,7 +270,7 @@ plt.tight_layout(); plt.show()
 PIN = "507"
 stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
 ledger = TimingLedger()
-timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger)
+timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger, max_cycles=48)
 print(f"recovered {timed.recovered!r} from times to first token alone")
 assert timed.recovered == PIN
 
@@ -294,7 +294,7 @@ plt.tight_layout(); plt.show()
 # The right digit's bursts sit lower: on a hit its probes skip one token each. Outliers are bursts
 # another process delayed; ranks within the cycle absorb them.
 #
-# Each character costs (symbols + 1) bursts per cycle, for 5 to 24 cycles: seconds per digit here. With
+# Each character costs (symbols + 1) bursts per cycle, for 5 to 48 cycles: seconds per digit here. With
 # `cache_salt` no guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
 
 # %%

@@ -421,13 +421,13 @@ def test_ttft_plot_marks_the_chosen_request():
 
 # -- the exercise checker -----------------------------------------------------------------------------
 def _stale_pages_by_hand(events, num_pages):
-    """A learner's correct answer: free pages that were written at some point."""
+    """A learner's correct answer: pages given back (free or preempt) that were written at some point."""
     owner, written = [None] * num_pages, set()
     for e in events:
         for p in e.pages:
             if e.kind == "allocate":
                 owner[p] = e.request_id
-            elif e.kind == "free":
+            elif e.kind in ("free", "preempt"):
                 owner[p] = None
             elif e.kind == "write":
                 written.add(p)
@@ -449,7 +449,7 @@ def test_stale_page_checker_rejects_all_free_pages():
     def every_free_page(events, num_pages):
         return [p for p in range(num_pages) if replay(events, num_pages)["node"].owner[p] is None]
 
-    with pytest.raises(AssertionError, match="free does not erase data"):
+    with pytest.raises(AssertionError, match="Giving back does not erase"):
         check_stale_pages(every_free_page)
 
 

@@ -6,7 +6,8 @@ What it does: executes the notebook once headless to warm up (see `warm_up`; not
 browser's waits), starts JupyterLab on 127.0.0.1 (a free port, no token, temporary settings,
 workspace and runtime folders, the "get Jupyter news?" pop-up silenced), opens a copy of the
 notebook with its outputs and saved widget state removed (so nothing on screen comes from the
-file), runs all cells, and asserts that a play/slider widget and a page-map image appear and
+file), runs all cells, and asserts that a play/slider widget and a page-map image appear, that
+no still PNG is drawn beside a player (its fallback PNG is for viewers without widgets), and
 that pressing Play moves the slider's readout. It saves a screenshot and stops the server.
 
 NOTEBOOK defaults to tests/browser/widget_demo.ipynb; the screenshot goes to --screenshot, else
@@ -45,6 +46,9 @@ NEWS_SETTINGS = ("@jupyterlab/apputils-extension", "notification.jupyterlab-sett
 IDLE_KERNEL = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 WIDGET_IMAGE = ".jp-OutputArea-output img.widget-image, .widget-output img"
 STATIC_IMAGE = ".jp-RenderedImage img"  # a PNG output outside any widget
+# a still PNG drawn in the same cell's outputs as a player: the player's own fallback must not show
+STILLS_BESIDE_PLAYERS = ("() => [...document.querySelectorAll('.jp-OutputArea')].filter(a => a.querySelector('.widget-play'))"
+                         ".reduce((n, a) => n + a.querySelectorAll('.jp-RenderedImage img').length, 0)")
 CELL_RAN = "() => [...document.querySelectorAll('.jp-InputPrompt')].some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"
 
 
@@ -57,6 +61,7 @@ class CheckResult:
     play_buttons: int
     widget_images: int
     static_images: int
+    stills_beside_players: int
     readout_before: str
     readout_after: str
     screenshot: str
@@ -219,6 +224,7 @@ def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s:
             expect(page, IDLE_KERNEL, "an idle kernel after Run All", ms)
             # counted before Play: while it plays, the widget swaps its image every frame
             widget_images, static_images = loaded_images(page, WIDGET_IMAGE, ms), loaded_images(page, STATIC_IMAGE, ms)
+            stills_beside_players = page.evaluate(STILLS_BESIDE_PLAYERS)
             readout = page.locator(".widget-slider .widget-readout").first
             before = readout.inner_text()
             page.locator(".widget-play button").first.click()  # the first button is Play
@@ -234,6 +240,7 @@ def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s:
                 "play_buttons": page.locator(".widget-play button").count(),
                 "widget_images": widget_images,
                 "static_images": static_images,
+                "stills_beside_players": stills_beside_players,
                 "readout_before": before, "readout_after": after,
             }
         finally:
@@ -279,7 +286,8 @@ def main() -> int:
     args = parser.parse_args()
     result = check(args.notebook, args.screenshot, args.timeout, args.first_timeout, warm=not args.no_warm_up)
     print(json.dumps(asdict(result) | {"play_moved": result.play_moved}, indent=2))
-    ok = result.sliders and result.play_buttons and result.widget_images and result.static_images and result.play_moved
+    ok = (result.sliders and result.play_buttons and result.widget_images and result.static_images
+          and not result.stills_beside_players and result.play_moved)
     print("browser check passed" if ok else "browser check FAILED")
     return 0 if ok else 1
 

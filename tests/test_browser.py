@@ -80,8 +80,13 @@ def test_slider_and_play_render(seen):
 
 
 def test_page_map_renders_inside_and_outside_the_widget(seen):
-    """The widget's page-map image and the still PNG beside it are both in the page."""
+    """The widget's page-map image and the notebook's page-map PNGs are both in the page."""
     assert seen.widget_images >= 1 and seen.static_images >= 1
+
+
+def test_a_player_shows_one_picture_not_a_still_beneath_it(seen):
+    """JupyterLab draws the live player only: its fallback still is not drawn in the same output."""
+    assert seen.stills_beside_players == 0
 
 
 def test_pressing_play_moves_the_readout(seen):

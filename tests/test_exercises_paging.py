@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.exercises.nb02_page_pools import check_slot_mapping, check_wasted_slots
+from minikv.exercises.nb02_page_pools import check_slot_mapping, check_stale_pages, check_wasted_slots, simulated_log
 from minikv.exercises.nb03_admission import admitted, check_admission, check_safe_context_len
 
 
@@ -59,3 +59,30 @@ def test_safe_context_len_checker(capsys):
     assert "correct" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="lower it to the pool"):
         check_safe_context_len(lambda pages, ps, window: window)
+
+
+def stale_pages(events, num_pages, giving_back=("free", "preempt")):
+    """Owned until a give-back of the same request; stale when free and ever written."""
+    owner, written = [None] * num_pages, [False] * num_pages
+    for e in events:
+        for p in e.pages:
+            if e.kind == "allocate":
+                owner[p] = e.request_id
+            elif e.kind in giving_back and owner[p] == e.request_id:
+                owner[p] = None
+            elif e.kind == "write":
+                written[p] = True
+    return [p for p in range(num_pages) if owner[p] is None and written[p]]
+
+
+def test_stale_pages_checker_accepts_free_and_preempt(capsys):
+    """A page is given back by a free or a preempt: passes."""
+    check_stale_pages(stale_pages)
+    assert "correct" in capsys.readouterr().out
+
+
+def test_stale_pages_checker_rejects_an_answer_that_ignores_preempt():
+    """Treating a preempted request's pages as still held is caught (the logs hold preempts)."""
+    assert any(e.kind == "preempt" for seed in range(6) for e in simulated_log(seed))
+    with pytest.raises(AssertionError, match="expected"):
+        check_stale_pages(lambda events, n: stale_pages(events, n, giving_back=("free",)))

@@ -1,7 +1,8 @@
-"""Every notebook has a jupytext source, and the committed .ipynb holds exactly its cells."""
+"""Every notebook has a jupytext source, the committed .ipynb holds exactly its cells, and no paragraph is a wall of text."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jupytext
@@ -32,3 +33,15 @@ def test_notebook_matches_its_source(path: Path):
     assert len(want) == len(got), f"{path.name}: {len(got)} cells, its source has {len(want)}"
     for i, (w, g) in enumerate(zip(want, got)):
         assert w == g, f"{path.name} cell {i} differs from its source:\n--- source\n{w[1]}\n--- notebook\n{g[1]}"
+
+
+MAX_PARAGRAPH_WORDS = 150
+
+
+@pytest.mark.parametrize("source", sorted((NOTEBOOKS / "sources").glob("*.py")), ids=lambda p: p.stem)
+def test_no_markdown_paragraph_is_a_wall_of_text(source: Path):
+    """Every block of markdown between blank lines (a paragraph, a list, a table) stays under 150 words."""
+    blocks = [b for c in jupytext.read(source).cells if c.cell_type == "markdown"
+              for b in re.split(r"\n\s*\n", c.source) if not b.lstrip().startswith("```")]
+    long = [f"{len(b.split())} words: {b[:60]!r}" for b in blocks if len(b.split()) > MAX_PARAGRAPH_WORDS]
+    assert not long, f"{source.name}: split these paragraphs: {long}"

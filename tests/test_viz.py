@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import colorsys
 from unittest import mock
 
 import pytest
@@ -16,6 +18,7 @@ from minikv.viz.demo import MINIATURE_INCIDENT, MINIATURE_POOLS
 from minikv.viz.queues import wire_spans
 from minikv.viz.page_map import _legend_handles, grid_shape
 from minikv.viz.palette import CROSS_READ, NEVER_WRITTEN, TENANT_COLOURS, faded
+from minikv.attacks.workload import TENANTS
 
 POOLS, INCIDENT = MINIATURE_POOLS, MINIATURE_INCIDENT  # the incident by hand; events indexed in demo.py
 COLOURS = tenant_colours(["alice", "bob"])
@@ -299,13 +302,13 @@ def test_setting_the_slider_replays_to_that_frame(player):
     styles = player.styles()["decode"]
     assert [styles[p].tenant for p in (0, 1, 2, 3)] == ["bob"] * 4
     assert [styles[p].data_tenant for p in (0, 1, 2, 3)] == ["alice", "alice", "alice", None]
-    assert player.caption.value.endswith("step 6: decode reserved 4 pages for bob/b1</div>")
+    assert player.caption.value.endswith("(step 6): decode reserved 4 pages for bob/b1</div>")
 
 
 def test_frame_zero_is_boot(player):
     """The first frame is the empty pool before any event."""
     player.slider.value = 0
-    assert player.event is None and "at boot" in player.caption.value
+    assert player.event is None and "At boot" in player.caption.value
     assert all(s.status is PageStatus.NEVER_WRITTEN for s in player.styles()["decode"])
 
 
@@ -369,13 +372,22 @@ def test_widget_text_is_stable(player):
     assert player._repr_mimebundle_()["text/plain"] == repr(player)
 
 
-def test_show_leaves_a_still_png_beside_the_widget(player):
-    """show() displays the widget and then a PNG of the same frame, for viewers without widgets."""
+def test_show_displays_one_output_whose_still_is_the_frame_on_show(player):
+    """One output: the live widget, carrying a PNG of its frame for viewers that cannot draw it."""
     with mock.patch("minikv.viz.widget.display") as display:
         player.show()
-    shown = [call.args[0] for call in display.call_args_list]
-    assert shown[0] is player
-    assert shown[1].png().startswith(b"\x89PNG") and "frame 28/28, step 8: bob/b1 finished" in repr(shown[1])
+    assert [call.args[0] for call in display.call_args_list] == [player]
+    bundle = player._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert base64.b64decode(bundle["image/png"]) == bytes(player.image.value)
+
+
+def test_the_player_and_a_page_map_name_one_moment_alike(player):
+    """A still (page_map at=i) and the player opened at event i both say "after event i+1 of n"."""
+    opened = ReplayWidget(INCIDENT, POOLS, start=28)
+    moment = repr(page_map(INCIDENT, POOLS, at=28)).removeprefix("Page map. ").split(". ")[0]
+    assert moment == "After event 29 of 31 (step 7): CROSS-TENANT READ on decode: bob/b1 read 2 pages written by alice/a1"
+    assert opened.caption_text() == f"Frame {opened.position}/{len(opened.frames) - 1}. {moment}"
 
 
 # -- timeline and time to first token ---------------------------------------------------------------
@@ -409,13 +421,13 @@ def test_ttft_plot_marks_the_chosen_request():
 
 # -- the exercise checker -----------------------------------------------------------------------------
 def _stale_pages_by_hand(events, num_pages):
-    """A learner's correct answer: free pages that were written at some point."""
+    """A learner's correct answer: pages given back (free or preempt) that were written at some point."""
     owner, written = [None] * num_pages, set()
     for e in events:
         for p in e.pages:
             if e.kind == "allocate":
                 owner[p] = e.request_id
-            elif e.kind == "free":
+            elif e.kind in ("free", "preempt"):
                 owner[p] = None
             elif e.kind == "write":
                 written.add(p)
@@ -437,7 +449,7 @@ def test_stale_page_checker_rejects_all_free_pages():
     def every_free_page(events, num_pages):
         return [p for p in range(num_pages) if replay(events, num_pages)["node"].owner[p] is None]
 
-    with pytest.raises(AssertionError, match="free does not erase data"):
+    with pytest.raises(AssertionError, match="Giving back does not erase"):
         check_stale_pages(every_free_page)
 
 
@@ -456,6 +468,23 @@ def test_a_workload_tenant_keeps_its_colour_whoever_else_is_drawn():
     assert tenant_colours(["alice", "bob", "carol"])["carol"] == tenant_colours(["carol", "dave"])["carol"]
     other = tenant_colours(["carol", "someone"])
     assert other["someone"] != other["carol"] and other["someone"] in TENANT_COLOURS
+
+
+def test_the_first_five_tenants_lie_far_apart_in_hue():
+    """bob and dave (and every other pair of alice..erin) are not two shades of one colour."""
+    hues = {t: colorsys.rgb_to_hsv(*to_rgb(c))[0] for t, c in tenant_colours(TENANTS[:5]).items()}
+    gaps = {(a, b): min(abs(hues[a] - hues[b]), 1 - abs(hues[a] - hues[b])) for a in hues for b in hues if a < b}
+    assert min(gaps.values()) > 0.1, gaps
+
+
+def test_legend_explains_the_ref_counts_it_draws():
+    """A page two requests hold carries its ref count, and the legend says what the number means."""
+    log = [E(0, "n", "allocate", "a1", "alice", (0,)), E(0, "n", "write", "a1", "alice", (0,)),
+           E(1, "n", "cache_hit", "b1", "bob", (0,))]
+    styles = page_styles(replay(log, 4)["n"], COLOURS)
+    assert styles[0].ref_count == 2
+    assert "n in the corner: ref count, requests sharing the page" in [h.get_label() for h in _legend_handles(styles, COLOURS, None)]
+    assert not _legend_handles(styles, COLOURS, None, ref_counts_drawn=False)[-1].get_label().startswith("n in")
 
 
 def test_legend_lists_only_what_the_picture_draws():

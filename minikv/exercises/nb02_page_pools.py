@@ -74,19 +74,25 @@ NODE = "node"
 
 
 def simulated_log(seed: int, num_pages: int = 12, num_requests: int = 8) -> list[Event]:
-    """Requests take pages off a free-list stack, write some of them, and give them back."""
+    """Requests take pages off a free-list stack, write some of them, and give them back: by a
+    `free` when they finish, or by a `preempt` (notebook 03) after which they come back for new pages."""
     rng = random.Random(seed)
     free = list(reversed(range(num_pages)))  # stack: pop() gives page 0 first, like PagePool
     held: dict[str, list[int]] = {}
+    preempted: list[str] = []
     events: list[Event] = []
     for step in range(3 * num_requests):
         if held and (rng.random() < 0.4 or len(held) == num_requests):
             request = rng.choice(sorted(held))
             pages = held.pop(request)
-            events.append(Event(step, NODE, "free", request, f"tenant{request[-1]}", tuple(pages)))
+            kind = "preempt" if rng.random() < 0.3 else "free"
+            events.append(Event(step, NODE, kind, request, f"tenant{request[-1]}", tuple(pages)))
             free.extend(reversed(pages))
+            if kind == "preempt":
+                preempted.append(request)
         elif free and len(events) < 6 * num_requests:
-            request = f"req-{sum(1 for e in events if e.kind == 'allocate')}"
+            fresh = f"req-{len({e.request_id for e in events if e.kind == 'allocate'})}"
+            request = preempted.pop(0) if preempted and rng.random() < 0.5 else fresh
             pages = [free.pop() for _ in range(rng.randint(1, min(3, len(free))))]
             tenant = f"tenant{request[-1]}"
             held[request] = pages
@@ -109,6 +115,5 @@ def check_stale_pages(fn: Callable[[list[Event], int], list[int]]) -> None:
         got = fn(list(events), num_pages)
         expect(sorted(got) if isinstance(got, (list, tuple, set)) else got, want,
                f"log #{seed} ({len(events)} events, {num_pages} pages)",
-               "A page is stale when its last allocate was followed by a free (it has no owner) "
-               "and some write put data in it at any time: free does not erase data.")
+               "Which events give a page back, and which put data in it? Giving back does not erase.")
     print(f"correct on {len(cases)} event logs")

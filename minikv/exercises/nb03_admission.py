@@ -47,8 +47,7 @@ def check_admission(fn: Callable[[int, int, int, int, int], bool]) -> None:
         prompt_len, max_tokens, context_len, pool_pages, page_size = case
         expect(fn(*case), admitted(*case),
                f"prompt {prompt_len} tokens, max_tokens {max_tokens}, window {context_len}, pool {pool_pages} pages x {page_size}",
-               "Two checks: prompt + output within the window (and the prompt at most window - 1), and "
-               "prompt + output, rounded up to whole pages, within the pool.")
+               "Go through the three rules of the notebook's 'A request that can never fit', in order.")
     print(f"correct on {len(_ADMISSION_CASES)} requests, the incident's included")
 
 

@@ -44,11 +44,14 @@ def _unreviewable_cases(seed: int) -> tuple[list[GatewayRecord], set[str]]:
 
 
 def check_unreviewable(fn: Callable[[list[GatewayRecord]], Iterable[str]]) -> None:
-    """fn(records in the checklist's set) -> request ids of replies that came back 200 but were never stored."""
+    """fn(records in the checklist's set) -> the set of request ids of replies that came back 200 but were never stored."""
     for seed in range(5):
         records, want = _unreviewable_cases(seed)
         got = fn(list(records))
-        expect(set(got) if isinstance(got, (set, list, tuple, frozenset)) else got, want,
+        assert isinstance(got, (set, frozenset)), (
+            f"generated set #{seed}: expected a set of request ids, got {type(got).__name__} {got!r}. "
+            "A set has no order and no repeats, and the next cell compares it with the checklist's set.")
+        expect(got, want,
                f"generated set #{seed} of {len(records)} calls",
                "A reply that came back (status 200) with no stored text can never be reviewed; "
                "a failed call returned nothing to review.")

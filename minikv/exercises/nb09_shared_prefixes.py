@@ -49,9 +49,8 @@ def check_cached_tokens(fn: Callable[[list[list[int]], list[int], int], int]) ->
         got = fn([list(p) for p in earlier], list(prompt), page_size)
         assert got == want, (
             f"earlier prompts {earlier}, prompt {prompt}, page size {page_size}: expected {want}, got {got}. "
-            "Only full pages are cached; a page matches when it and every page before it are equal to an "
-            "earlier prompt's; and the prompt's last token is always computed, so at most "
-            "(len(prompt) - 1) // page_size pages count.")
+            "Only full pages are cached, and a page counts only if every page before it matches too; "
+            "which of the prompt's tokens does the engine always compute itself?")
     print(f"correct on {len(cases)} cases")
 
 
@@ -75,9 +74,9 @@ def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:
 
         got = fn(oracle, known, SECRET_ALPHABET)
         assert got == secret, (
-            f"expected {secret!r} (the victim sent {known + secret!r} then '.'), got {got!r}. Extend what you know one "
-            "character at a time: for each candidate c, ask for known + found + c + a last token; the "
-            "right c is the one whose cached_tokens reaches len(known + found + c). Stop when '.' hits.")
+            f"expected {secret!r} (the victim sent {known + secret!r} then '.'), got {got!r}. One character "
+            "at a time: how far can a probe's cached_tokens reach when its guess is right, and when it is wrong? "
+            "Remember the token the engine always computes.")
         most = (len(secret) + 1) * (len(SECRET_ALPHABET) + 1)
         assert len(calls) <= most, f"expected at most {most} probes (one per candidate per character), got {len(calls)}"
     print(f"recovered {len(secrets)} secrets exactly")

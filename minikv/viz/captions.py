@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from minikv.engine.events import Event
 
 
@@ -44,8 +46,16 @@ def describe(event: Event) -> str:
     return str(event)
 
 
-def frame_caption(event: Event | None, position: int, last: int) -> str:
-    """The caption of frame `position` of 0..`last` (frame 0 is boot), showing after `event`."""
-    if event is None:
-        return f"frame {position}/{last}, at boot: every page free and never written"
-    return f"frame {position}/{last}, step {event.step}: {describe(event)}"
+def moment_caption(events: Sequence[Event], at: int) -> str:
+    """Which moment a picture after events[0..at] shows, in words (-1: at boot)."""
+    if at < 0:
+        return "At boot: every page free and never written"
+    e = events[at]
+    return f"After event {at + 1} of {len(events)} (step {e.step}): {describe(e)}"
+
+
+def frame_caption(position: int, last: int, events: Sequence[Event], at: int) -> str:
+    """The caption of frame `position` of 0..`last`, which shows the pools after events[0..at].
+
+    It names the event as a page map of the same moment does, so a still and the player agree."""
+    return f"Frame {position}/{last}. {moment_caption(events, at)}"

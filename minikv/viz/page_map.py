@@ -35,7 +35,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from minikv.engine.events import Event, EventLog
-from minikv.viz.captions import describe
+from minikv.viz.captions import moment_caption
 from minikv.viz.palette import CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, faded, tenant_colours
 from minikv.viz.picture import Picture
 from minikv.viz.replay import PageStatus, PoolState, as_events, replay
@@ -195,7 +195,8 @@ def _panel_title(state: PoolState, cell_pt: float, page_size: int | None) -> str
     return textwrap.fill(f"{state.node}: {state.num_pages} pages{size}", chars) + "\n" + counts
 
 
-def _legend_handles(styles: Iterable[PageStyle], colours: Mapping[str, str], request_label: str | None) -> list:
+def _legend_handles(styles: Iterable[PageStyle], colours: Mapping[str, str], request_label: str | None,
+                    ref_counts_drawn: bool = True) -> list:
     """One swatch for each kind of cell the panels draw, drawn as those cells are; nothing else."""
     styles = list(styles)
     drawn = lambda tenant, *statuses: any(  # noqa: E731
@@ -212,6 +213,9 @@ def _legend_handles(styles: Iterable[PageStyle], colours: Mapping[str, str], req
         if any(s.hatch == colour for s in styles):
             handles.append(Patch(facecolor="white", edgecolor=colour, hatch="///", linewidth=1.2,
                                  label=f"reserved by {tenant}, not yet written by it"))
+    if ref_counts_drawn and any(s.ref_count > 1 for s in styles):
+        handles.append(Line2D([], [], linestyle="none", marker="$n$", markersize=8, color=INK,
+                              label="n in the corner: ref count, requests sharing the page"))
     if any(s.written_now for s in styles):
         handles.append(Line2D([], [], linestyle="none", marker="v", markerfacecolor="white", markeredgecolor=INK,
                               label="written this step"))
@@ -242,7 +246,8 @@ def draw_pools(states: Sequence[PoolState], colours: Mapping[str, str], caption:
         tenants = {t for s in states for r, t in zip(s.owner, s.owner_tenant) if r == request}
         label = f"{tenants.pop()}/{request}" if len(tenants) == 1 else request
     all_styles = [page_styles(s, colours, request, cross_reads) for s in states]
-    handles = _legend_handles([st for styles in all_styles for st in styles], colours, label)
+    handles = _legend_handles([st for styles in all_styles for st in styles], colours, label,
+                              ref_counts_drawn=cell * 72 >= MIN_NUMBER_PT)
     ncol = max(1, int(width // 3.6))
     legend_h = 0.3 * math.ceil(len(handles) / ncol) + 0.15
     height = top + max_rows * cell + legend_h + bottom
@@ -257,14 +262,6 @@ def draw_pools(states: Sequence[PoolState], colours: Mapping[str, str], caption:
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, bottom / height), ncol=ncol,
                frameon=False, fontsize=LEGEND_PT, handlelength=1.6, columnspacing=1.2)
     return fig
-
-
-def moment_caption(events: Sequence[Event], at: int) -> str:
-    """Which moment a picture after events[0..at] shows, in words."""
-    if at < 0:
-        return "At boot: every page free and never written"
-    e = events[at]
-    return f"After event {at + 1} of {len(events)} (step {e.step}): {describe(e)}"
 
 
 def page_map(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int], at: int | None = None,

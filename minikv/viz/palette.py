@@ -1,12 +1,12 @@
 """Colours for the pictures: one per tenant, safe for colour-blind readers, plus the marks.
 
-Tenant colours come from the Okabe-Ito palette (distinguishable under the common forms of
-colour blindness), without its vermillion and red, which are kept for the one thing that must
-stand out: a cross-tenant read, drawn in red with a crossed hatch. Past six tenants the palette
-continues with Paul Tol's "muted" colours. A tenant of the workload (`minikv.attacks.workload.TENANTS`)
-always gets the same colour, in every picture of every notebook: alice orange, bob sky blue,
-carol green, dave blue, erin purple. A freed page that still holds data is drawn in its last
-writer's colour, faded toward white.
+Tenant colours come from the Okabe-Ito palette and Paul Tol's "muted" one (distinguishable under
+the common forms of colour blindness), without vermillion and red, which are kept for the one
+thing that must stand out: a cross-tenant read, drawn in red with a crossed hatch. A tenant of
+the workload (`minikv.attacks.workload.TENANTS`) always gets the same colour, in every picture of every
+notebook: alice orange, bob sky blue, carol green, dave purple, erin indigo (bob and dave meet
+in the same pictures, so only one of them is blue). A freed page that still holds data is drawn
+in its last writer's colour, faded toward white.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from matplotlib.colors import to_hex, to_rgb
 
 from minikv.attacks.workload import TENANTS
 
-TENANT_COLOURS = (
+TENANT_COLOURS = (  # the first five, the tenants most pictures draw, lie far apart in hue
     "#e69f00",  # orange
     "#56b4e9",  # sky blue
     "#009e73",  # bluish green
-    "#0072b2",  # blue
     "#cc79a7",  # reddish purple
+    "#332288",  # indigo (Tol muted)
     "#f0e442",  # yellow
-    "#332288",  # indigo (Tol muted from here on)
-    "#117733",  # green
+    "#0072b2",  # blue
+    "#117733",  # green (Tol muted from here on)
     "#88ccee",  # cyan
     "#999933",  # olive
     "#aa4499",  # purple

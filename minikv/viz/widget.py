@@ -5,13 +5,15 @@ pool side by side (`minikv.viz.page_map`), with a caption for the event and, whe
 queue stages, which requests sit in which queue. Play and the slider are linked in the browser
 (`jslink`), so they move together even in an exported page; drawing needs the kernel.
 
-A notebook that is read without a widget front end (nbval, a static HTML export, a viewer
-without JavaScript) would show nothing, so `show()` also leaves a still PNG of the opening frame
-beneath the widget. Every text the widget shows is deterministic, as nbval requires.
+A notebook that is read without a widget front end (a static HTML export, a viewer without
+JavaScript) would show nothing, so the widget's output also carries a PNG of the frame it opens
+on, as a fallback in the same output: JupyterLab draws the live player only, a viewer that cannot
+draws the still. Every text the widget shows is deterministic, as nbval requires.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -23,7 +25,7 @@ from minikv.engine.events import Event, EventLog
 from minikv.viz.captions import frame_caption
 from minikv.viz.page_map import CrossReads, PageStyle, draw_pools, page_styles
 from minikv.viz.palette import CROSS_READ, tenant_colours
-from minikv.viz.picture import Picture, figure_png
+from minikv.viz.picture import figure_png
 from minikv.viz.queues import queues_at
 from minikv.viz.replay import FrameMode, PoolState, as_events, frame_indices, pool_sizes, replay
 
@@ -113,7 +115,7 @@ class ReplayWidget(widgets.VBox):
         return queues_at(self.events, self.event_index)
 
     def caption_text(self) -> str:
-        return frame_caption(self.event, self.position, len(self.frames) - 1)
+        return frame_caption(self.position, len(self.frames) - 1, self.events, self.event_index)
 
     def figure(self) -> Figure:
         """The page map of the frame on show."""
@@ -133,16 +135,14 @@ class ReplayWidget(widgets.VBox):
         self.queue.value = _queue_table(self.queues())
 
     # -- showing it -----------------------------------------------------------------------------
-    def snapshot(self) -> Picture:
-        """A still picture of the frame on show, for readers without a widget front end."""
-        text = "Still picture for viewers without widgets (the player above steps through every frame)"
-        return Picture(self.figure(), f"{text}; {self.caption_text()}")
+    def _repr_mimebundle_(self, **kwargs) -> dict:
+        """The live widget, with a PNG of the frame on show for front ends that cannot draw widgets."""
+        bundle = super()._repr_mimebundle_(**kwargs)
+        return bundle | {"image/png": base64.b64encode(bytes(self.image.value)).decode("ascii")}
 
-    def show(self, still: bool = True) -> None:
-        """Display the widget and (by default) a still PNG of its opening frame beneath it."""
+    def show(self) -> None:
+        """Display the widget (its output carries the still PNG, see the module's docstring)."""
         display(self)
-        if still:
-            display(self.snapshot())
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{n} {self.num_pages[n]} pages" for n in self.nodes)
@@ -162,5 +162,5 @@ def _queue_table(queues: Mapping[str, list[str]]) -> str:
 
 
 def show_replay(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int], **options) -> None:
-    """Display a `ReplayWidget` (options as its arguments) and a still PNG of its opening frame."""
+    """Display a `ReplayWidget` (options as its arguments), a still PNG of its opening frame inside."""
     ReplayWidget(log, num_pages, **options).show()

@@ -111,8 +111,9 @@ assert decode(tok, long_reply) == "saved pin 0912."
 # %% [markdown]
 # Timing on a laptop is noisy: another program, a browser tab, a second notebook all take the CPU from
 # time to time. So time both ways in **rounds**, alternating which goes first, take the ratio *within*
-# each round (both halves of a round see about the same load), and keep the median. Absolute times
-# depend on your machine and on what else it is doing; the ratio is what to compare.
+# each round (both halves of a round see about the same load), and keep the **median**: the middle
+# value once sorted, which a few runs slowed by another program cannot move. Absolute times depend on
+# your machine and on what else it is doing; the ratio is what to compare.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -351,8 +351,8 @@ assert all(r.status == 200 for r in answers) and engine.audit.violations == 0
 # changes the picture; the outlined cells are the block table of the request the event is about,
 # numbered from block 0 as in the picture of the slot mapping above. The player opens on the moment
 # dave's pages are handed out: alice's first request has finished, and dave receives her pages,
-# hatched in his colour over her stale data (a still picture of that frame sits below the player,
-# for readers without widgets).
+# hatched in his colour over her stale data. (A viewer without widgets shows a still of that frame
+# in the player's place.)
 
 # %%
 opening = find_event(engine.log, "allocate", tenant="dave")
@@ -418,8 +418,9 @@ check_wasted_slots(wasted_slots)
 # %% [markdown]
 # **3.** From an event log alone, find the **stale pages**: free at the end of the log, but still
 # holding some request's data. Write `stale_pages(events, num_pages)` returning them sorted. Each
-# event has `kind` (`allocate`, `write`, `free`, ...), `request_id` and `pages`. The checker tries it
-# on seven logs and compares with `minikv.viz.replay`.
+# event has `kind`, `request_id` and `pages`. The kinds: `allocate`, `write`, `free`, and `preempt`
+# (notebook 03: a request gives all its pages back when the pool runs out, and comes back for new
+# ones later). The checker tries it on seven logs and compares with `minikv.viz.replay`.
 
 # %%
 def stale_pages(events, num_pages):

@@ -47,7 +47,7 @@ arrivals = {
     3: [ask("dave", "name", "Ada Lovelace"), ask("erin", "todo", "pay the rent")],
 }
 engine = Engine(model, tok, EngineConfig(num_pages=32, max_batch_size=3))
-print("\n".join(engine.startup_log()))
+print(engine.startup_log())
 
 
 # %% [markdown]
@@ -105,32 +105,41 @@ picture
 # %% [markdown]
 # ## A request that can never fit
 #
-# Admission control runs when a request arrives, before it may hold a single page (see
-# `minikv/engine/front_door.py`). A prompt beyond the context window is refused; so is a request whose
-# prompt plus `max_tokens`, rounded up to whole pages, exceeds the **whole pool**: no amount of
-# waiting would ever make room for it. Both come back at once as HTTP 400, with a message that
-# names the numbers.
+# Admission control runs when a request arrives, before it may hold a single page
+# (`minikv/engine/front_door.py`). The context window counts the prompt *and* the output, so three rules
+# decide, in this order:
+#
+# 1. the prompt leaves room for at least one new token: prompt ≤ window − 1;
+# 2. the prompt and all the tokens it may generate fit the window: prompt + `max_tokens` ≤ window;
+# 3. prompt + `max_tokens`, rounded up to whole pages, fits the **whole pool**: otherwise no amount
+#    of waiting would ever make room for it.
+#
+# A request that breaks one comes back at once as HTTP 400, with a message that names the numbers.
+# A 1,024-token prompt in a 1,024-token window breaks rule 1 even with `max_tokens=1`; 1,100 tokens
+# break it too; 300 tokens with `max_tokens=48` on a 256-token pool break rule 3:
 
 # %%
 small = Engine(model, tok, EngineConfig(num_pages=16), node="small")  # 16 x 16 = 256 tokens
+no_room = small.submit(Request(long_document_prompt("carol", 1024, random.Random(1)), "carol", 1, request_id="carol-0"))
 too_long = small.submit(Request(long_document_prompt("carol", 1100, random.Random(1)), "carol", request_id="carol-1"))
 too_big = small.submit(Request(long_document_prompt("carol", 300, random.Random(1)), "carol", 48, request_id="carol-2"))
 refused = {r.request_id: r for r in small.run()}
-for rid in (too_long, too_big):
+for rid in (no_room, too_long, too_big):
     print(rid, refused[rid].status, refused[rid].error)
-assert refused[too_long].status == refused[too_big].status == 400
+assert refused[no_room].status == refused[too_long].status == refused[too_big].status == 400
+assert "1024 tokens; the context window is 1024" in refused[no_room].error
 assert "1100 tokens" in refused[too_long].error and "1024 tokens" in refused[too_long].error
 assert "352 tokens" in refused[too_big].error and "256 tokens" in refused[too_big].error
 
 # %% [markdown]
 # The second one: 300 prompt tokens plus `max_tokens=48` is 348 tokens, which takes 22 whole pages,
-# 352 slots, against a pool of 256. In the event log each refusal is a single `reject`: neither
+# 352 slots, against a pool of 256. In the event log each refusal is a single `reject`: no
 # request was ever queued, and no page was allocated.
 
 # %%
 for e in small.log.events:
     print(e)
-assert [e.kind for e in small.log.events] == ["reject", "reject"] and small.pool.num_free_pages == 16
+assert [e.kind for e in small.log.events] == ["reject"] * 3 and small.pool.num_free_pages == 16
 
 # %% [markdown]
 # ## A request that only has to wait
@@ -192,7 +201,7 @@ timeline(tight.log, mark=[victim], title="6 pages for 3 requests: waiting, preem
 
 # %%
 incident = Engine(model, tok, EngineConfig(num_pages=42, page_size=16, context_len=1024), node="single")
-print("\n".join(incident.startup_log()))
+print(incident.startup_log())
 assert incident.pool.capacity_tokens == 42 * 16 == 672 < incident.config.context_len == 1024
 
 # %% [markdown]
@@ -236,8 +245,8 @@ page_map(incident.log, incident.pool.num_pages, page_size=16)
 # ## Exercises
 #
 # **1.** Write `admits(prompt_len, max_tokens, context_len, pool_pages, page_size)`: does a
-# single-node engine admit this request? The checker compares it with the engine's own checks on
-# nine requests, the incident's included.
+# single-node engine admit this request? The three rules above are all it takes. The checker compares
+# it with the engine's own checks on 17 requests, the incident's included.
 
 # %%
 def admits(prompt_len, max_tokens, context_len, pool_pages, page_size):

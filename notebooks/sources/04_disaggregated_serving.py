@@ -57,16 +57,21 @@ for line in pair.startup_log():
 # A front door hands every request to both nodes at once, as SGLang's router does, and opens its bootstrap
 # room. The decode node learns the prompt's *length*, reserves pages for prompt plus output, and advertises
 # them; the prefill node computes the prompt's KV and the first token, and writes them into those pages.
-# On the way, each request passes six queues, three per node:
+# On the way, each request passes six queues, three per node. On the prefill node:
 #
-# | node | queue | what waits there | what moves it on |
-# | --- | --- | --- | --- |
-# | prefill | **bootstrap** | a new request: checked against the pool, given its sender | the decode side has advertised its pages; the transfer is sized from the request's own input |
-# | prefill | **waiting** | a request ready for its prefill forward | a prefill batch with room: the prompt's K/V and first token are computed and the transfer posted |
-# | prefill | **inflight** | a prefilled request whose KV is on the wire | every batch has landed: prefill frees its pages |
-# | decode | **prealloc** | the same request, from the moment it arrives | enough free pages: decode reserves prompt + output and sends the page numbers to prefill |
-# | decode | **transfer** | a reservation waiting for its KV | the KV has landed (and passed any checks) |
-# | decode | **running** | a request being decoded, one token per step | it finishes: decode frees its pages |
+# | queue | what waits there | what moves it on |
+# | --- | --- | --- |
+# | **bootstrap** | a new request: checked against the pool, given its sender | the decode side has advertised its pages; the transfer is sized from the request's own input |
+# | **waiting** | a request ready for its prefill forward | a prefill batch with room: the prompt's K/V and first token are computed and the transfer posted |
+# | **inflight** | a prefilled request whose KV is on the wire | every batch has landed: prefill frees its pages |
+#
+# On the decode node:
+#
+# | queue | what waits there | what moves it on |
+# | --- | --- | --- |
+# | **prealloc** | the same request, from the moment it arrives | enough free pages: decode reserves prompt + output and sends the page numbers to prefill |
+# | **transfer** | a reservation waiting for its KV | the KV has landed (and passed any checks) |
+# | **running** | a request being decoded, one token per step | it finishes: decode frees its pages |
 #
 # So a request sits in a prefill queue and a decode queue *at the same time*. Watch three requests go through
 # (the log's `stage` events, tick by tick):

@@ -25,15 +25,16 @@ import torch
 
 from minikv.model.checkpoint import load_model
 from minikv.engine.config import EngineConfig
-from minikv.disagg.cluster import ClusterConfig
+from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.prefill_node import PrefillNode
 from minikv.attacks.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
 from minikv.exercises.nb05_the_leak import check_output_test
+from minikv.engine.request import Request
 from minikv.viz import find_event, page_map, show_replay, ttft_plot
-from minikv.attacks.workload import long_document_prompt
+from minikv.attacks.workload import Note, long_document_prompt, note_prompt
 
 torch.manual_seed(0)
 model, tok = load_model()
@@ -161,28 +162,46 @@ print([e.detail for e in prefilled])
 assert sum(len(e.pages) for e in prefilled) == 1 and "1 token(s)" in prefilled[0].detail
 
 # %% [markdown]
-# Now the time. One measurement on a busy laptop can be off by a factor of a hundred (another program takes
-# the CPU for a moment), so play both in three rounds and take the median of the ratios within each round.
-# The absolute times depend on your machine and its load.
+# Now the time. Bob's leaked reply is compared with an **honest** prefill of the same 800 tokens: a single
+# node with prefix caching off, so that it really computes every token (with caching on, a second run of the
+# same prompt is served from the cache and is fast for an honest reason: notebook 09). Each round also times
+# honest prompts of 100 to 600 tokens, for the picture below.
+#
+# One measurement on a busy laptop can be off many times over: another program takes the CPU for a moment.
+# So the cell warms the node up first, plays seven interleaved rounds, and takes the **median** (the middle
+# value, which a few stalled runs cannot move) of the ratios within each round. The milliseconds depend on
+# your machine and its load. The assertion asks only for a factor of 3: on a 2-core machine at a load of 6
+# to 10, four runs gave medians of 15x to 36x, and no single round fell below 8x.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (measured times: they depend on the machine and its load)
-single = Engine(model, tok, EngineConfig(num_pages=64, context_len=1024))
-bob_prompt = long_document_prompt("bob", BOB_PROMPT_CHARS, random.Random(0))
-rounds = []
-for r in range(3):
-    leaked = run_scenario("over-length", model, tok, vulnerable, secret=SECRET, seed=0).attacker
-    honest = single.generate([bob_prompt], max_tokens=1)[0]
-    rounds.append((leaked.ttft_s, honest.ttft_s))
-slower = statistics.median(h / b for b, h in rounds)
-print(f"median of 3 rounds: bob via the vulnerable pair, ttft {statistics.median(b for b, _ in rounds) * 1e3:.1f} ms; "
-      f"the same prompt prefilled on one node {statistics.median(h for _, h in rounds) * 1e3:.1f} ms "
-      f"({slower:.0f}x longer)")
-assert slower > 2
+honest_node = Engine(model, tok, EngineConfig(num_pages=64, context_len=1024, prefix_caching=False))
+lengths = [100, 200, 400, 600, BOB_PROMPT_CHARS]
+documents = {n: long_document_prompt("bob", n, random.Random(0)) for n in lengths}  # 800: Bob's own prompt
+honest_node.generate([documents[BOB_PROMPT_CHARS]], max_tokens=1)  # warm-up, not timed
+leaked, honest, ratios = [], [], []
+for r in range(7):
+    leaked.append(run_scenario("over-length", model, tok, vulnerable, secret=SECRET, seed=0).attacker)
+    honest += [honest_node.generate([documents[n]], max_tokens=1)[0] for n in lengths]
+    ratios.append(honest[-1].ttft_s / leaked[-1].ttft_s)  # the same 800 tokens, the same round
+slower = statistics.median(ratios)
+median_ms = lambda rs: statistics.median(r.ttft_s for r in rs) * 1e3  # noqa: E731
+print(f"bob's leaked reply: {median_ms(leaked):.1f} ms to the first token; the same 800 tokens really prefilled: "
+      f"{median_ms(honest[len(lengths) - 1::len(lengths)]):.1f} ms (medians of 7 rounds)")
+print(f"within a round the honest prefill took {slower:.0f}x longer (median; rounds from {min(ratios):.0f}x to {max(ratios):.0f}x)")
+assert slower > 3
+
+# %% [markdown]
+# Each grey dot is one honest prefill on one node, one round: the time grows with the prompt, and the dashed
+# line follows them. The red star is Bob's leaked reply (the round with the median time): 800 prompt tokens,
+# answered in the time of a far shorter prompt.
 
 # %%
-ttft_plot([alice, leaked, honest], mark=["bob-1"], title="Time to first token against prompt length")
+by_length = {n: statistics.median(r.ttft_s for r in honest if r.usage.prompt_tokens == n) for n in lengths}
+assert by_length[BOB_PROMPT_CHARS] > 2 * by_length[lengths[0]]  # honest prefill takes longer for a longer prompt
+typical = sorted(leaked, key=lambda r: r.ttft_s)[len(leaked) // 2]
+ttft_plot(honest + [typical], mark=["bob-1"], title="Time to first token against prompt length")
 
 # %% [markdown]
 # In our reproduction the tell is a factor of many times; the disclosure says only that the affected replies
@@ -234,7 +253,20 @@ assert not trustworthy(long_document_prompt("bob", BOB_PROMPT_CHARS, random.Rand
 # From the terminal: `python -m minikv demo --scenario over-length --preset vulnerable --secret "..."`.
 #
 # **3.** Predict, then check: Bob sends 700 tokens instead of 800, and then 1,100. For each, does the prefill
-# node reject it, does the decode node reserve pages for it, and does Alice's card reach Bob? (Submit Alice's
-# request to a fresh `Cluster(model, tok, config, vulnerable)`, `run()` it, then Bob's with
-# `long_document_prompt("bob", 700, random.Random(0))`, and read `log.for_request("bob-1")`.) Hint: the front
-# door checks the advertised window, 1,024 tokens, before either node sees the request.
+# node reject it, does the decode node reserve pages for it, and does Alice's card reach Bob? Write down your
+# three answers for each, then change `800` below and run the cell. (Which check runs first, and where? Notebook
+# 03 named the rules; the front door of the pair applies some of them before either node sees a request.)
+
+# %%
+def bob_sends(chars):
+    """Alice, then Bob's `chars`-token document, on a fresh vulnerable pair; what happened to Bob."""
+    pair = Cluster(model, tok, config, vulnerable)
+    pair.submit(Request(note_prompt("alice", Note("card", SECRET)), "alice", MAX_TOKENS, request_id="alice-1"))
+    pair.run()
+    pair.submit(Request(long_document_prompt("bob", chars, random.Random(0)), "bob", MAX_TOKENS, request_id="bob-1"))
+    [reply] = pair.run()
+    seen = {(e.kind, e.node) for e in pair.log.for_request("bob-1")}
+    return {"status": reply.status, "prefill rejected": ("reject", "prefill") in seen,
+            "decode reserved": ("allocate", "decode") in seen, "alice's card reached bob": SECRET in reply.text}
+
+print(bob_sends(800))  # the case above; now 700, then 1100

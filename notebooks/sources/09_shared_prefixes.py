@@ -2,17 +2,17 @@
 # # 09 · Shared prefixes: the cache that tenants share on purpose
 #
 # **What you will learn**
-# - why every serving engine reuses K/V across requests (vLLM's automatic prefix caching, SGLang's
-#   RadixAttention, nano-vllm's block manager), measured on a workload with shared system prompts;
+# - why serving engines reuse K/V across requests (vLLM's automatic prefix caching, SGLang's
+#   RadixAttention, nano-vllm's block manager);
 # - how: full pages named by a hash **chained** over the whole prefix, ref counts, and cached pages that
-#   stay matchable after their request ends until the pool needs them (least recently used first);
-# - the side channel this opens: a cache hit is reported (`usage.cached_tokens`) and is faster, so
-#   another tenant can recover your prompt **character by character**;
-# - the fix, `cache_salt`, what it costs, and what operators and customers can do.
+#   stay matchable after their request ends;
+# - the side channel: a cache hit is reported (`usage.cached_tokens`) and is faster, so another tenant
+#   can recover your prompt **character by character**;
+# - the fix, `cache_salt`, and what it costs.
 #
-# Notebooks 02 to 08 are about KV that leaks by *mistake*. Here tenants' KV meets *by design*: the engine
-# may hand Bob pages that Alice's request computed, because Bob sent the same tokens. The data he reads
-# is what his own prefill would have written. What leaks is the *fact* that Alice sent it.
+# Notebooks 02 to 08 are about KV that leaks by *mistake*. Here tenants' KV meets *by design*: Bob may
+# read pages that Alice's request computed, because he sent the same tokens. What leaks is the *fact*
+# that Alice sent them.
 
 # %%
 import random
@@ -20,7 +20,7 @@ import statistics
 
 import matplotlib.pyplot as plt
 import torch
-from scipy.stats import ks_2samp, mannwhitneyu
+from scipy.stats import ks_2samp
 
 from minikv.bench.prefix import serve, shared_prefix_workload
 from minikv.model.checkpoint import load_model
@@ -43,10 +43,10 @@ model, tok = load_model()
 # %% [markdown]
 # ## Why engines share
 #
-# Many requests start the same way: an application's system prompt, a few-shot template, a long document
-# several questions are asked about. Computing that start again for every request is pure waste. The
-# workload below is 12 requests from 4 tenants behind 2 system prompts of about 700 characters; the
-# paged engine serves it with prefix caching off, then on (the engine's default).
+# Many requests start the same way: an application's system prompt, a long document several questions
+# are asked about. Computing that start again for every request is waste. Below, 12 requests from 4
+# tenants behind 2 system prompts of about 700 characters, served with prefix caching off, then on
+# (the engine's default).
 
 # %%
 workload = shared_prefix_workload(12)
@@ -58,20 +58,19 @@ assert shared.texts == off.texts  # the same answers, token for token
 print(f"prompt tokens: {shared.prompt_tokens:,}; served from the cache: {shared.cached_tokens:,} "
       f"({shared.cached_tokens / shared.prompt_tokens:.0%}); the answers are identical")
 assert shared.cached_tokens > 0.6 * shared.prompt_tokens
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (measured times)
-print(f"caching off {off.wall_s:.2f} s, on {shared.wall_s:.2f} s: {off.wall_s / shared.wall_s:.1f}x faster")
+computed = {run: r.prompt_tokens - r.cached_tokens for run, r in (("off", off), ("on", shared))}
+print(f"prompt tokens prefilled: {computed['off']:,} with caching off, {computed['on']:,} with it on")
 
 # %% [markdown]
-# `python -m minikv bench` measures the same on 32 requests with repeats (the README's table): about 4x.
+# How much faster the whole run gets depends on how much of its time is prefill, and one timing on a
+# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats (README):
+# about 4x.
 #
 # ## How: a hash chain over full pages
 #
 # A page is cached only when it is **full**. Its key is a hash of the previous page's key and its own
 # tokens, so one key stands for the *whole* prefix up to the end of its page: two requests share page *i*
-# only if they agree on every token before it. Here are the keys of two prompts at 4-token pages:
+# only if they agree on every token before it. The keys of two prompts at 4-token pages:
 
 # %%
 a, b = "alice: save pin 0912.\n", "alice: save pin 4455.\n"
@@ -83,10 +82,9 @@ assert ka[:4] == kb[:4] and ka[4] != kb[4] and len(ka) == 5  # 22 characters: 5 
 
 # %% [markdown]
 # The pool keeps a **ref count** per page: how many live requests hold it. A request that hits takes one
-# more reference on each matching page and prefills only the rest; its own pages start after them. Three
-# requests share a 7-page stem while they run. The page map below is the moment bob-1's own pages are
-# handed out (hatched: not yet written): his block table, numbered, starts with the 7 pages alice-1
-# computed, drawn in her colour with their ref count, 3, in the corner.
+# more reference on each matching page and prefills only the rest. Below, three requests share a 7-page
+# stem. The page map is the moment bob-1's own pages are handed out (hatched): his block table starts
+# with the 7 pages alice-1 computed, in her colour, each with its ref count, 3, in the corner.
 
 # %%
 engine = Engine(model, tok, EngineConfig(num_pages=24, page_size=4, cache_salt=False))
@@ -107,8 +105,8 @@ page_map(engine.log, engine.pool.num_pages, at=find_event(engine.log, "allocate"
 # %% [markdown]
 # When the requests finish, their cached pages are **parked**: free (ref count 0), still holding their
 # K/V and their key, matchable by the next request. A page without a key (a partial last page, an
-# output page) goes back on the free-list stack exactly as in notebook 02. The pool hands out stack
-# pages first and only then evicts parked pages, least recently used first, as SGLang does.
+# output page) goes back on the free-list stack as in notebook 02. The pool hands out stack pages
+# first, then evicts parked pages, least recently used first.
 
 # %%
 engine.run()
@@ -119,10 +117,9 @@ engine.check_integrity()
 assert pool.num_free_pages == pool.num_pages and pool.prefix_cache.num_parked == len(pool.prefix_cache.key_of) == 16
 
 # %% [markdown]
-# The audit (notebook 02's ledger of who wrote every slot) treats a read of a cached page as legitimate
-# only when the writer wrote that slot *at the same position* and both prompts agree on every token up to
-# it: exactly the K/V the reader's own prefill would have produced. Anything else is still a cross read.
-# Shared reads between different tenants are counted apart, as **cross-tenant cache hits**:
+# The audit (notebook 02's ledger of who wrote every slot) accepts a read of a cached page only when
+# both prompts agree on every token up to it: exactly the K/V the reader's own prefill would have
+# written. It counts such reads between tenants apart, as **cross-tenant cache hits**:
 
 # %%
 print(f"cross reads: {engine.audit.violations}; cache hits: {engine.audit.cache_hits}; "
@@ -132,11 +129,10 @@ assert engine.audit.violations == 0 and engine.audit.cross_tenant_cache_hits == 
 # %% [markdown]
 # ## The side channel, step by step
 #
-# OpenAI-compatible APIs report `usage.prompt_tokens_details.cached_tokens`, and minikv reports
-# `usage.cached_tokens`. Alice saves a key. **Mallory**, another tenant, knows the note format and
-# Alice's name, so she knows how Alice's prompt begins: `alice: save key `. With 1-token pages (SGLang's
-# default granularity) she sends one probe per character the secret could hold next, with one more
-# token at the end (the engine always computes a prompt's last token):
+# OpenAI-compatible APIs report `usage.prompt_tokens_details.cached_tokens` (minikv:
+# `usage.cached_tokens`). Alice saves a key. **Mallory**, another tenant, knows how Alice's prompt
+# begins: `alice: save key `. With 1-token pages (SGLang's default) she sends one probe per character
+# the secret could hold next, plus one last token (the engine always computes a prompt's last token):
 
 # %%
 SECRET = "Zq7"
@@ -156,7 +152,7 @@ for p, hit in zip(probes, ask(probes, len(KNOWN_PREFIX) + 1)):
 # %% [markdown]
 # Only `Z` reached one token past what she knew: it is the first character. She repeats with
 # `alice: save key Z` and so on, until `.` (the note's full stop) hits. `recover_secret` is that loop
-(on a fresh engine: Mallory's three probes above are cached too, and `X` would now hit her own page):
+# (on a fresh engine: Mallory's three probes above are cached too, and `X` would now hit her own page):
 
 # %%
 recovered, sent = recover_secret(cached_tokens_oracle(victim_server()), page_size=1)
@@ -164,7 +160,7 @@ print(f"recovered {recovered!r} with {sent} probes (66 per round: 65 symbols and
 assert recovered == SECRET
 
 # %% [markdown]
-# The same attack through the disaggregated pair's front door, the demo of the command line
+# The same attack through the disaggregated pair's front door
 # (`python -m minikv demo --scenario prefix-probe --preset vulnerable`):
 
 # %%
@@ -174,14 +170,14 @@ print(f"recovered {probe.recovered!r} in {probe.probes} probes; audit: {probe.cr
 assert probe.recovered == "7Hq2Zp9Xw4" and probe.cross_tenant_reads == 0
 
 # %% [markdown]
-# Note what the audit says: **zero cross-tenant reads**. Mallory never read a byte of Alice's secret; every
-# page she read holds tokens she sent herself. The secret travelled through the *count* of cached tokens.
+# **Zero cross-tenant reads**: every page Mallory read holds tokens she sent herself. The secret
+# travelled through the *count* of cached tokens.
 #
 # ### Granularity sets the price, not the outcome
 #
 # With larger pages a probe hits only when a *whole* page matches, so a round must guess every unknown
-# character up to the next page boundary at once. For a 4-digit PIN after `alice: save pin ` (16
-# characters: page boundaries fall right before the PIN):
+# character up to the next page boundary at once. A 4-digit PIN after `alice: save pin ` (16 characters:
+# page boundaries fall right before the PIN):
 
 # %%
 DIGITS = "0123456789"
@@ -196,19 +192,22 @@ for ps in (1, 2):
 print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses (10^4 PINs, plus shorter ones)")
 
 # %% [markdown]
-# At 16-token pages this 22-character prompt has only one full page, `alice: save pin `, so the PIN is
-# never cached at all. That is luck, not a defence: a longer prompt fills the page, and a 4-digit PIN is
-# then 10,000 probes away, minutes of traffic. The attack's cost per page grows as
-# symbols<sup>characters per page</sup>; it never becomes impossible for short secrets.
+# At 16-token pages this 22-character prompt has one full page, `alice: save pin `, so the PIN is never
+# cached. That is luck, not a defence: in a longer prompt a 4-digit PIN is 10,000 probes away. The cost
+# per page grows as symbols<sup>characters per page</sup>; for short secrets it stays payable.
 #
 # ### Timing alone
 #
 # Without `cached_tokens`, the time to first token still tells: a hit skips prefill. Gu et al. ("Auditing
-# Prompt Caching in Language Model APIs", ICML 2025) audited 17 APIs this way and found global sharing in 7
-# of them. Their test: a *hit* procedure (one account sends a fresh random prompt, a second account sends
-# the same prompt and times it) against a *miss* procedure (a fresh prompt nobody sent), many samples
-# each, compared with a two-sample Kolmogorov-Smirnov test. It works on a busy machine, because noise
-# hits both procedures alike.
+# Prompt Caching in Language Model APIs", ICML 2025) audited 17 APIs this way and found sharing across
+# users in 7. A *hit* sample: one account sends a fresh random prompt, a second sends the same and times
+# it. A *miss* sample: a fresh prompt nobody sent. Many of each, interleaved, so a busy machine slows
+# both alike.
+#
+# They compare the two sets with a **Kolmogorov-Smirnov (KS) test**: sort each set and draw the share of
+# samples faster than each time (the curves below); the test measures the largest gap between the two
+# curves. Its **p-value** is the chance of a gap at least that large if both sets came from the same
+# times. Below 0.001, "no difference" is not believable.
 
 # %%
 threads = torch.get_num_threads()
@@ -224,49 +223,54 @@ def audit_p_value(cache_salt_on, samples=20):
 hit, miss, p_shared = audit_p_value(False)
 salted_hit, salted_miss, p_salted = audit_p_value(True)
 print("without cache_salt the audit finds sharing (KS p < 0.001):", p_shared < 1e-3)
-assert p_shared < 1e-3 and mannwhitneyu(hit, miss, alternative="less").pvalue < 1e-3
+assert p_shared < 1e-3
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (measured times and p-values: they vary from run to run)
-median = lambda xs: sorted(xs)[len(xs) // 2] * 1e3  # noqa: E731
-print(f"shared cache: hit {median(hit):.1f} ms, miss {median(miss):.1f} ms, KS p = {p_shared:.1e}")
-print(f"cache_salt:   hit {median(salted_hit):.1f} ms, miss {median(salted_miss):.1f} ms, KS p = {p_salted:.2f}")
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.6), sharey=True)
+for ax, (name, h, m, p) in zip(axes, [("shared cache", hit, miss, p_shared), ("cache_salt", salted_hit, salted_miss, p_salted)]):
+    for xs, label, colour in ((h, "hit", "#cc3311"), (m, "miss", "#777777")):
+        ax.step(sorted(x * 1e3 for x in xs), [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=label, color=colour)
+    ax.set_title(f"{name}: KS p = {p:.1g}", fontsize=10)
+    ax.set_xlabel("attacker's time to first token (ms)")
+axes[0].set_ylabel("share of samples this fast")
+axes[0].legend()
+plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# The audit decides *whether* the cache is shared, with many samples. Turning it into a
-# character-by-character attack is harder than with `cached_tokens`: one 1-token hit saves one token of
-# prefill, far below this machine's noise, and each guess can be timed only once, because the probe
-# caches its own guess (a second probe of a wrong guess would hit Mallory's own page).
+# Shared, the hit curve rises first: hits are faster, far beyond chance. Salted, the curves cross and
+# cross again. Reading a secret this way, character by character, is harder: a 1-token hit saves one
+# token of prefill, far below this machine's noise, and each guess can be timed only once (the probe
+# caches its own guess).
 #
 # ### The same attack with a stopwatch only
 #
-# Three changes make it work here, each in `minikv/attacks/timing.py`:
+# Three changes make it work here (`minikv/attacks/timing.py`). First, **a burst** per guess: 64
+# probes `alice: save key <guess><x>` with 64 different last tokens `x`, prefilled in one step. On a
+# hit each computes 1 token, on a miss 2: the burst saves a few milliseconds. Its time is the median of
+# its 64 times to first token.
 #
-# - **a burst** per guess: 64 probes `alice: save key <guess><x>`, with 64 different last tokens `x`, sent
-#   at once. They are prefilled in one step, so none hits another's pages: on a hit each computes 1 token,
-#   on a miss 2; the burst saves 64 tokens of compute, a few milliseconds. Its time is the median of the
-#   64 times to first token, as the client sees them.
-# - **cycles** for fresh samples. *Our model of the victim and the attacker* (not a fact about any
-#   service): Alice's application re-sends the same prompt again and again (a system prompt, a saved
-#   note), and Mallory can flush the cache she shares with it, by sending random filler longer than the
-#   pool (cached pages are evicted least recently used first, her own probes with them). One cycle:
-#   flush, Alice's app re-sends, one burst per guess in a random order.
-# - **a rank test**: within each cycle the bursts are ranked, fastest first, so a cycle the machine ran
-#   slow counts like any other, and a burst another process stalled costs a rank, not a scale. From 5
-#   cycles on, the guess with the lowest rank sum is tested against chance (with no hit, every cycle
-#   ranks it anywhere with equal odds), with a Bonferroni correction over guesses and over each look.
-#   No verdict after 24 cycles means *no hit*: the attack stops rather than guess.
+# Second, **cycles** for fresh samples. *Our model of the victim* (not a fact about any service): Alice's
+# application re-sends the same prompt again and again, and Mallory can flush the shared cache with
+# random filler longer than the pool. One cycle: flush, Alice's app re-sends, one burst per guess in a
+# random order.
 #
-# The result is an oracle with the same signature as `cached_tokens_oracle`, so `recover_secret` runs
-# unchanged. A 3-digit PIN (the attacker assumes digits: 11 guesses a round, the 10 digits and the note's
-# `.`):
+# Third, **a rank test**. Within each cycle the bursts are ranked, fastest first, so a slow cycle counts
+# like any other and a stalled burst costs one rank. A guess's **rank sum** adds its ranks over the
+# cycles: with no hit, every cycle ranks it anywhere with equal odds, so a very low sum is unlikely by
+# chance. Testing 11 guesses again after every cycle gives chance many tries, so a **Bonferroni
+# correction** divides the allowed false-alarm chance by the number of tests. No verdict after 48 cycles
+# means *no hit*: the attack stops rather than guess.
+#
+# The result answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 3-digit PIN
+# (11 guesses a round: the 10 digits and the note's `.`):
 
 # %%
 PIN = "507"
 stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
 ledger = TimingLedger()
-timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger)
+timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger, max_cycles=48)
 print(f"recovered {timed.recovered!r} from times to first token alone")
 assert timed.recovered == PIN
 
@@ -287,14 +291,11 @@ ax.set_title("Round 1: each dot is one burst of 64 probes in one cycle")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# Each dot is one burst of 64 probes in one cycle. The right digit's bursts sit lower: on a hit its probes
-# skip one token each. Outliers are bursts another process delayed; ranks within the cycle absorb them.
+# The right digit's bursts sit lower: on a hit its probes skip one token each. Outliers are bursts
+# another process delayed; ranks within the cycle absorb them.
 #
-# The cost is the granularity argument again: at 1-token pages each character costs (symbols + 1) bursts
-# per cycle, for 5 to 24 cycles, so a digit takes seconds here and a 66-symbol character about six times
-# more. At 4-token pages one round for a 4-digit PIN times 11,100 bursts per cycle (every PIN, plus the
-# shorter ones), minutes per cycle here: slow, not impossible. With `cache_salt` no guess is faster,
-# and the test says so: nothing recovered, no cross-tenant hit.
+# Each character costs (symbols + 1) bursts per cycle, for 5 to 48 cycles: seconds per digit here. With
+# `cache_salt` no guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
 
 # %%
 salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))
@@ -305,15 +306,15 @@ print(f"with cache_salt: recovered {nothing.recovered!r} after {nothing.cycles} 
 assert nothing.recovered == "" and salted_server.audit.cross_tenant_cache_hits == 0
 
 # %% [markdown]
-# On a GPU serving a large model, Song et al. ("The Early Bird Catches the Leak", arXiv 2409.20002) and Wu
+# On GPUs serving large models, Song et al. ("The Early Bird Catches the Leak", arXiv 2409.20002) and Wu
 # et al. (PromptPeek, NDSS 2025) recovered prompts token by token from timing and scheduling order.
 #
 # ## The fix: `cache_salt`
 #
-# vLLM's `cache_salt` request field, TensorRT-LLM's `cache_salt_id` and SGLang's `extra_key` and
-# `cache_salt` all do one thing: mix a secret per tenant into the *first* page's hash. Every later key
-# chains from it, so two tenants' keys never match. minikv's `cache_salt` switch salts every request with
-# its tenant (plus the request's own `cache_salt` field, if given). Same attack, safe preset:
+# vLLM's `cache_salt` request field, TensorRT-LLM's `cache_salt_id` and SGLang's `cache_salt` all do one
+# thing: mix a secret per tenant into the *first* page's hash. Every later key chains from it, so two
+# tenants' keys never match. minikv's `cache_salt` switch salts every request with its tenant (plus the
+# request's own `cache_salt` field, if given). Same attack, safe preset:
 
 # %%
 safe = run_scenario("prefix-probe", model, tok, SafetySwitches.preset("safe"), secret="7Hq2Zp9Xw4")
@@ -321,8 +322,7 @@ print(f"recovered {safe.recovered!r} in {safe.probes} probes; cross-tenant cache
 assert safe.recovered == "" and safe.cross_tenant_cache_hits == 0
 
 # %% [markdown]
-# What it costs: tenants no longer share each other's system prompt pages, only their own. On the
-# workload of the first section:
+# What it costs: tenants share only their own pages now. On the workload of the first section:
 
 # %%
 salted = serve(model, tok, workload, "cache_salt")
@@ -332,27 +332,25 @@ print(f"prompt tokens from the cache: shared {shared.cached_tokens / shared.prom
 assert shared.cached_tokens > salted.cached_tokens > 0
 
 # %% [markdown]
-# The more tenants share one system prompt, the more the salt costs; a single tenant's own traffic keeps
-# all of its hits. `python -m minikv bench` reports both speedups (README).
+# The more tenants share one system prompt, the more the salt costs; a tenant's own traffic keeps all
+# of its hits. `python -m minikv bench` reports both speedups (README).
 #
 # ## What an operator and a customer can do
 #
-# **Operator.** Salt by tenant (or finer) by default; never let a cache namespace span customers who did
-# not agree to it. Treat the salt as input: validate it (vLLM's CVE-2026-105756: an over-long `cache_salt`
-# ended the engine for every user; minikv answers 400) and carry it through *every* layer that keys KV:
-# SGLang issue #37160 and LMCache issue #4825 show a salt dropped at the boundary to an external KV
-# store, so a second tenant's identical prefix was served from the first tenant's cache. Report
-# `cached_tokens` only for hits within the caller's own namespace, and run Gu et al.'s audit against your
-# own endpoint.
+# **Operator.** Salt by tenant (or finer) by default. Treat the salt as input and validate it (vLLM's
+# CVE-2026-105756, advisory GHSA-2823-qmq8-rwvj: an over-long `cache_salt` ended the engine for every
+# user; minikv answers 400). Carry it through *every* layer that keys KV: in SGLang issue #37160 and
+# LMCache issue #4825 a salt dropped at the boundary to an external KV store served one tenant's prefix
+# to another. Report `cached_tokens` only for the caller's own hits, and audit your own endpoint.
 #
-# **Customer.** Send a `cache_salt` per end user if your provider takes one; keep secrets out of the part
-# of a prompt many users share, and put them after anything an outsider could guess; run the timing audit
-# above against your provider with two of your own accounts.
+# **Customer.** Send a `cache_salt` per end user if your provider takes one; put secrets after anything
+# an outsider could guess; run the timing audit against your provider with two of your own accounts.
 #
 # ## Exercises
 #
 # **1.** Write `cached_tokens(earlier, prompt, page_size)`: the earlier prompts (token id lists) have been
-# served and their full pages are cached; how many of `prompt`'s tokens does the engine take from the cache?
+# served and their full pages are cached; how many of `prompt`'s tokens does the engine take from the
+# cache? (Reread "How: a hash chain over full pages", and remember which token is always computed.)
 
 # %%
 def cached_tokens(earlier, prompt, page_size):

@@ -2,14 +2,17 @@
 # # 10 · The leak over HTTP: a real server, the official client, and a probe you can point anywhere
 #
 # **What you will learn**
+# - to serve minikv as vLLM and SGLang serve models: an OpenAI-compatible HTTP API, one engine loop
+#   batching every connection, API keys that decide who is who;
+# - to replay notebook 05's incident with the official `openai` client: Bob's **HTTP 200** carries
+#   Alice's card;
+# - to scan the gateway log this server wrote itself (notebook 08's `scan-logs`);
+# - to check any OpenAI-compatible endpoint from the outside with `python -m minikv probe`.
 #
-# - to serve minikv the way vLLM and SGLang serve models: an OpenAI-compatible HTTP API (FastAPI + uvicorn), one engine loop batching every connection, bearer keys that decide who is who;
-# - to replay notebook 05's incident with the official `openai` client: Alice saves a card number with her key, Bob sends a long document with his, and Bob's **HTTP 200** carries Alice's card;
-# - to run `scan-logs` from notebook 08 on the gateway log this server wrote itself, and see Bob's call flagged;
-# - to check any OpenAI-compatible endpoint from the outside with `python -m minikv probe`: over-length prompts, honest token counts, a canary between two keys, and Gu et al.'s audit for a prefix cache shared across keys;
-# - what a customer can run against a provider, and what an operator can run against their own deployment.
-#
-# Everything below goes over real sockets. The servers are the uvicorn servers `python -m minikv serve` runs in a terminal, started on threads of this notebook's kernel so that the model is loaded once (`ServerThread`; `ServerProcess` starts the same command as a child process, as the tests do), and stopped at the end. Sizes are notebook 05's, the incident scaled by 1/1024: an advertised window of 1,024 tokens over a prefill pool of 672.
+# Everything below goes over real sockets. The servers are the ones `python -m minikv serve` runs in a
+# terminal, started on threads of this kernel so that the model is loaded once (`ServerThread`), and
+# stopped at the end. Sizes are notebook 05's, the incident scaled by 1/1024: a window of 1,024 tokens
+# over a prefill pool of 672.
 
 # %%
 import json
@@ -17,6 +20,7 @@ import random
 import tempfile
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import openai
 
 from minikv.disagg.cluster import ClusterConfig, startup_problem
@@ -24,6 +28,8 @@ from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
 from minikv.probe.run import probe_endpoint
 from minikv.model.checkpoint import load_model
+from minikv.exercises import try_exercise
+from minikv.exercises.nb10_over_http import check_holds_canary, check_tenant_of
 from minikv.serve.launch import ServerThread
 from minikv.attacks.workload import long_document_prompt
 
@@ -44,7 +50,14 @@ print("\n".join(line for line in vulnerable.startup_log if line.startswith("["))
 # python -m minikv serve --disagg --preset vulnerable --api-key alice=sk-alice-7f3a9c --api-key bob=sk-bob-2e81d4 --log gateway.jsonl
 # ```
 #
-# Its startup log names each pool next to the context window, as notebook 06 asks every operator to read it: the prefill pool holds 672 tokens, the window promises 1,024. Behind the HTTP routes (`minikv/serve/app.py`) sits **one engine loop** (`minikv/serve/engine_loop.py`): a thread that owns the cluster, takes requests from every connection, steps the engine, and streams each client its tokens. The key in `Authorization: Bearer ...` decides the tenant; nothing in the request body can. The official client needs only the address and a key:
+# Its startup log names each pool next to the window, as notebook 06 asks every operator to read it:
+# the prefill pool holds 672 tokens, the window promises 1,024.
+#
+# Behind the HTTP routes (`minikv/serve/app.py`, FastAPI served by uvicorn) sits **one engine loop**
+# (`minikv/serve/engine_loop.py`): a thread that owns the cluster, takes requests from every
+# connection, steps the engine, and streams each client its tokens. The key in the header
+# `Authorization: Bearer <key>` decides the tenant; nothing in the request body can. The official
+# client needs only the address and a key:
 
 # %%
 alice = openai.OpenAI(base_url=vulnerable.base_url, api_key=KEYS["alice"])
@@ -56,7 +69,8 @@ assert card.max_model_len == 1024
 # %% [markdown]
 # ## Alice, then Bob
 #
-# Alice asks the assistant to keep her card number (the number passes the Luhn check, like a real card's). Then Bob sends an 800-token document: more than the prefill pool, inside the advertised window.
+# Alice asks the assistant to keep her card number (it passes the Luhn check, like a real card's). Then
+# Bob sends an 800-token document: more than the prefill pool, inside the advertised window.
 
 # %%
 CARD = "4539 1488 0343 6467"
@@ -70,9 +84,9 @@ print("bob:  ", repr(reply.choices[0].text), "prompt_tokens:", reply.usage.promp
 assert CARD in reply.choices[0].text and reply.usage.prompt_tokens == 800
 
 # %% [markdown]
-# The client library raised nothing: for it this was an ordinary **200**, with `usage.prompt_tokens` at exactly Bob's 800 and a fluent reply. The reply is Alice's. It went through the same code path as every other request: the prefill node marked Bob's prompt for a 400 and swapped it for a one-token placeholder, the vulnerable gates never read that mark, and the decode node answered over pages Alice had just freed (notebook 05 shows each step).
-#
-# In a workshop, Bob's terminal can send the same thing with `curl`:
+# The client raised nothing: for it this was an ordinary **200**, with `usage.prompt_tokens` at Bob's
+# 800 and a fluent reply. The reply is Alice's, through the same code path as every other request
+# (notebook 05 shows each step). In a workshop, Bob's terminal can send the same with `curl`:
 #
 # ```
 # curl -s http://127.0.0.1:8000/v1/completions -H "Authorization: Bearer sk-bob-2e81d4" \
@@ -81,7 +95,9 @@ assert CARD in reply.choices[0].text and reply.usage.prompt_tokens == 800
 #
 # ## The server's own gateway log
 #
-# Every call, served or refused, went into the gateway log in the schema notebook 08 reads: `timestamp`, `request_id` (the `id` the client got back), `account`, `model`, `prompt_tokens`, `completion_tokens`, `ttft_ms`, `status`, `response_text`. No prompt text is written anywhere.
+# Every call, served or refused, went into the gateway log in the schema notebook 08 reads: `timestamp`,
+# `request_id` (the `id` the client got back), `account`, `model`, `prompt_tokens`, `completion_tokens`,
+# `ttft_ms`, `status`, `response_text`. No prompt text is written anywhere.
 
 # %%
 rows = [r for r in iter_log(vulnerable_log) if isinstance(r, GatewayRecord)]
@@ -90,7 +106,10 @@ for r in rows:
 assert [r.account for r in rows] == ["alice", "bob"] and rows[1].request_id == reply.id
 
 # %% [markdown]
-# Now the scan from notebook 08, on this file. The checklist's model and window belong to the real incident, so it selects nothing here; the two signals look at every row. Both replies hold a card number: Alice's is her own, Bob's is not his.
+# Now the scan from notebook 08, on this file. The checklist's model and window belong to the real
+# incident, so it selects nothing here; its two signals look at every row. The text signal flags both
+# replies, because both hold a card number: Alice's is her own, Bob's is not his. A person reviewing the
+# flags has to tell them apart.
 
 # %%
 result = scan_log(vulnerable_log)
@@ -99,7 +118,9 @@ print(secret_shaped)
 assert secret_shaped == {"alice": ["card_number"], "bob": ["card_number"]}
 
 # %% [markdown]
-# The other signal is time. Bob's 800 tokens came back as fast as a short prompt does. To set the ceiling from this server's own traffic, as notebook 08 advises, Alice sends three honest long-ish prompts (240 tokens, well inside every pool) and we read the implied prefill rates from the log:
+# The other signal is time. Bob's 800 tokens came back as fast as a short prompt does. To set the
+# ceiling from this server's own traffic, as notebook 08 advises, Alice sends three honest prompts of
+# 240 tokens (well inside every pool) and we read their prefill rates from the log:
 
 # %%
 honest = [alice.completions.create(model=card.id, prompt=long_document_prompt("alice", 240, random.Random(i)), max_tokens=8)
@@ -114,11 +135,35 @@ print("bob's call flagged:", flagged[reply.id])
 assert flagged[reply.id] == ["ttft_anomaly", "card_number"] and not any(h.id in flagged for h in honest)
 
 # %% [markdown]
-# With the ceiling at one and a half times this server's fastest honest rate, `scan-logs` flags Bob's call on both signals, and none of Alice's honest ones. From a terminal: `python -m minikv scan-logs gateway.jsonl --max-prefill-rate N`.
+# With the ceiling at one and a half times this server's fastest honest rate, `scan-logs` flags Bob's
+# call on both signals, and none of Alice's honest ones (from a terminal: `python -m minikv scan-logs
+# gateway.jsonl --max-prefill-rate N`). The picture: every call the log holds, the ceiling as a line; a
+# call below it came back faster than any honest prefill here could.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured times)
+fig, ax = plt.subplots(figsize=(6.5, 3.4))
+edge = [0, 1024]
+ax.fill_between(edge, 0, [1000 * x / ceiling for x in edge], color="#d40000", alpha=0.1, label="faster than the ceiling: flagged")
+ax.plot(edge, [1000 * x / ceiling for x in edge], "--", color="black", lw=1, label=f"ceiling {ceiling:,.0f} prompt tokens/s")
+calls = {"alice's three honest calls": [rows[h.id] for h in honest], "alice's card": [rows[saved.id]], "bob's reply": [rows[reply.id]]}
+for (label, rs), marker, colour in zip(calls.items(), "os*", ["#777777", "#e69f00", "#d40000"]):
+    ax.scatter([r.prompt_tokens for r in rs], [r.ttft_ms for r in rs], s=200 if marker == "*" else 40, marker=marker,
+               color=colour, edgecolor="black", linewidth=0.5, zorder=3, label=label)
+    for r in rs:
+        if r.request_id in flagged:
+            ax.annotate(", ".join(flagged[r.request_id]), (r.prompt_tokens, r.ttft_ms), xytext=(8, 4), textcoords="offset points", fontsize=8)
+ax.set_xlabel("prompt_tokens"); ax.set_ylabel("ttft_ms"); ax.set_xlim(0, 1024); ax.set_ylim(bottom=0)
+ax.legend(fontsize=8, loc="upper right"); ax.set_title("The server's own gateway log: every call it answered", fontsize=10)
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
 #
 # ## The safe server
 #
-# With the safe preset the same command does not even start: `startup_check` compares every pool with the window and refuses, naming both.
+# With the safe preset the same command does not even start: `startup_check` compares every pool with
+# the window and refuses, naming both.
 
 # %%
 problem = startup_problem(ClusterConfig())
@@ -126,7 +171,9 @@ print(problem)
 assert "1024" in problem and "672" in problem
 
 # %% [markdown]
-# Following its advice, the window comes down to the pool: `--context-len 672`. Now Bob's document is refused at the door, a **400** in OpenAI's error shape with code `context_length_exceeded` and both numbers; the official client raises `BadRequestError`.
+# Following its advice, the window comes down to the pool: `--context-len 672`. Now Bob's document is
+# refused at the door: a **400** in OpenAI's error shape, code `context_length_exceeded`, both numbers
+# named; the official client raises `BadRequestError`.
 
 # %%
 safe = ServerThread(["--disagg", "--preset", "safe", "--context-len", "672", *KEY_ARGS], model, tok)
@@ -143,16 +190,25 @@ assert refusal.status_code == 400 and refusal.body["code"] == "context_length_ex
 # %% [markdown]
 # ## The probe: checking an endpoint from the outside
 #
-# A customer cannot read the provider's startup log or its pools. What they have is the API and their own keys. `python -m minikv probe URL --key KEY_A --key KEY_B` uses exactly that, with two keys the user owns, and runs four checks, each printing what it sent, what came back and a verdict:
+# A customer cannot read the provider's startup log or its pools: they have the API and their own keys.
+# `python -m minikv probe URL --key KEY_A --key KEY_B` uses exactly that, two keys the user owns, and
+# runs four checks, each printing what it sent, what came back and a verdict:
 #
-# 1. **canary**: key A saves a random canary; right after, key B sends long prompts (from three quarters of the window to its top, then past it). Any 8 characters of the canary in B's reply is another tenant's data.
-# 2. **over-length**: a prompt past the advertised window must be refused. And prefill reads every token, so time to first token grows with the prompt: the probe times short prompts (1/64 to 3/16 of the window), draws the line they follow, and a top-of-window prompt answered in less than half the time that line predicts was never read: it was answered 200 over-length.
-# 3. **prompt-token honesty**: `usage.prompt_tokens` matches what was sent (the probe measures the endpoint's tokens per word first), and time to first token does not fall as the prompt grows.
-# 4. **shared prefix cache**: Gu et al.'s audit (*Auditing Prompt Caching in Language Model APIs*, ICML 2025). Key A sends a random prompt; key B sends the same one and a fresh one of the same length; a two-sample Kolmogorov-Smirnov test (`scipy.stats.ks_2samp`) asks whether B's "hits" are faster. They are only if B read the cache A filled, a side channel that tells B what A sent. `usage.prompt_tokens_details.cached_tokens` says the same where the endpoint reports it.
+# 1. **canary**: key A saves a random canary; right after, key B sends long prompts, up to the window
+#    and past it. Any 8 characters of the canary in B's reply is another tenant's data.
+# 2. **over-length**: a prompt past the window must be refused; and a top-of-window prompt answered
+#    in under half the time that short prompts' times predict was never read (prefill reads every token).
+# 3. **prompt-token honesty**: `usage.prompt_tokens` matches what was sent, and time to first token
+#    does not fall as the prompt grows.
+# 4. **shared prefix cache**: Gu et al.'s audit of notebook 09, with its Kolmogorov-Smirnov test: are
+#    key B's requests for key A's prompts faster than fresh ones? Only if B read the cache A filled.
 #
-# The probe is bounded: `--budget` requests (200 by default) and `--time-limit` seconds. Exit status 0 means every check passed, 1 that one failed, 2 that the endpoint could not be probed.
+# The probe is bounded (`--budget` requests, 200 by default; `--time-limit` seconds). Exit status 0
+# means every check passed, 1 that one failed, 2 that the endpoint could not be probed.
 #
-# A canary that does not come back proves little: what a leak shows depends on what the freed pages hold at that moment, and on a server that has served other traffic (ours served Alice and Bob above, and its prefix cache keeps some of their pages parked) the stale pages Bob's over-length request reserves may hold nothing the model can copy. The probe's PASS says so in words. So that the comparison below shows each check's verdict on a known state, it runs against a *freshly started* vulnerable server, in-process, beside the safe one, six audit rounds each:
+# A canary that does not come back proves little: what a leak shows depends on what the freed pages hold
+# at that moment, and the probe's PASS says so in words. So that each verdict below is taken on a known
+# state, the probe runs against a *freshly started* vulnerable server, beside the safe one:
 
 # %%
 fresh = ServerThread(["--disagg", "--preset", "vulnerable", *KEY_ARGS], model, tok)
@@ -167,24 +223,32 @@ assert reports["vulnerable"].verdicts()["canary"] == reports["vulnerable"].verdi
 assert set(reports["safe"].verdicts().values()) == {"pass"} and (reports["vulnerable"].status, reports["safe"].status) == (1, 0)
 
 # %% [markdown]
-# The two failures on the vulnerable server, as the probe printed them. Its timings (the `ms` figures) change from run to run; the verdicts do not.
+# The two failures on the vulnerable server, as the probe printed them. Its timings (the `ms` figures)
+# change from run to run; the verdicts do not.
 
 # %%
 for check in reports["vulnerable"].results[:2]:
     print(check.format())
 
 # %% [markdown]
-# The vulnerable server's other two checks are *incomplete*, not passed: with every switch off, `transfer_batch_cap` is off too, so a KV transfer of more than 15 pages outlasts the decode node's timeout and the request ends in a 500 (the late-write family of notebook 07). The probe reports what it could not measure rather than guessing.
-#
-# The fourth check needs a prefix cache to find. A single engine with prefix caching and no per-tenant salt, `python -m minikv serve --disable cache_salt`, is what it detects: B's requests for A's prompts skip prefill, and the KS test sees it (`tests/test_probe.py` pins that verdict). With `cache_salt` on, each tenant's prefix hashes apart and the audit passes.
+# The vulnerable server's other two checks are *incomplete*, not passed: with every switch off,
+# `transfer_batch_cap` is off too, so a KV transfer of more than 15 pages outlasts the decode node's
+# timeout and ends in a 500 (notebook 07's family). The probe reports what it could not measure rather
+# than guess. The fourth check finds a prefix cache shared across keys: `python -m minikv serve
+# --disable cache_salt` fails it (`tests/test_probe.py` pins that verdict).
 #
 # ## What to run, and who runs it
 #
-# - **A customer** against a provider: `python -m minikv probe https://api.provider.example --key KEY_A --key KEY_B --model M`, with two keys of their own, ideally from two accounts of one organisation. It only sends what an ordinary client sends, within the budget, and it reveals nothing of other customers: the canary is the customer's own. Keep the report: its request ids and timestamps are what the provider's support needs.
-# - **An operator** against their own deployment, before and after every change to pools, context length or caching: the same probe, plus what only they can see, the startup log's pools against the window (`startup_check`) and `scan-logs` over the gateway's own log with a ceiling set from their own traffic.
-# - **Anyone**, to try it on a real engine: start vLLM or SGLang with two API keys and point the probe at it.
+# - **A customer** against a provider: `python -m minikv probe https://api.provider.example --key KEY_A
+#   --key KEY_B --model M`, with two keys of their own. It sends only what an ordinary client sends,
+#   within the budget, and the canary is the customer's own. Keep the report: its request ids and
+#   timestamps are what the provider's support needs.
+# - **An operator** against their own deployment, before and after every change to pools, context
+#   length or caching: the probe, plus what only they can see, the startup log's pools against the
+#   window and `scan-logs` over the gateway's log.
+# - **Anyone**, on a real engine: start vLLM or SGLang with two API keys and point the probe at it.
 #
-# The workshop version takes three terminals:
+# The workshop version takes three terminals (`docs/workshop.md`):
 #
 # ```
 # # 1: the server
@@ -197,9 +261,59 @@ for check in reports["vulnerable"].results[:2]:
 # python -m minikv probe http://127.0.0.1:8000 --key sk-alice-7f3a9c --key sk-bob-2e81d4
 # ```
 #
-# Both servers stop here, as Ctrl-C stops them in a terminal: each finishes what is in flight, and its engine loop ends.
+# Both servers stop here, as Ctrl-C stops them in a terminal: each finishes what is in flight, then its
+# engine loop ends. `stop()` returns what the process's exit status would be: 0, a clean stop.
 
 # %%
 for c in (alice, bob, alice_safe, bob_safe):
     c.close()
-print("stopped:", vulnerable.stop(), safe.stop())
+exit_statuses = [vulnerable.stop(), safe.stop()]
+print("exit status of each server:", exit_statuses)
+assert exit_statuses == [0, 0]
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** The server decides who a request comes from by its key alone. Write `tenant_of(authorization,
+# keys)`: given the request's `Authorization` header (a string, or None when there is none) and the
+# server's `{key: tenant}` table, the tenant the request runs as, or None where the server answers 401.
+# The checker compares it with the server's own rule (`minikv/serve/auth.py`, read it after).
+
+# %%
+def tenant_of(authorization, keys):
+    raise NotImplementedError  # your code here
+
+try_exercise(check_tenant_of, tenant_of)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: the word Bearer (any case), a space, a key the table knows; a tenant's name is not a key.
+def tenant_of(authorization, keys):
+    scheme, _, key = (authorization or "").partition(" ")
+    return keys.get(key.strip()) if scheme.lower() == "bearer" else None
+
+check_tenant_of(tenant_of)
+
+# %% [markdown]
+# **2.** The probe's canary check. A leak returns *fragments* of other tenants' data (the disclosure's
+# word), so the probe does not look for the whole 16-character canary. Write `holds_canary(text,
+# canary)`: True when `text` contains any 8 characters in a row of `canary`.
+
+# %%
+def holds_canary(text, canary):
+    raise NotImplementedError  # your code here
+
+try_exercise(check_holds_canary, holds_canary)
+
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: every 8-character window of the canary, looked for in the reply.
+def holds_canary(text, canary):
+    return any(canary[i:i + 8] in text for i in range(len(canary) - 7))
+
+check_holds_canary(holds_canary)
+
+# %% [markdown]
+# **3.** (Open.) Start `python -m minikv serve --disable cache_salt --api-key a=KA --api-key b=KB` in a
+# terminal and probe it. Which check fails, and what would key B learn about key A's prompts? Then
+# restart it without `--disable cache_salt`.

@@ -1,0 +1,55 @@
+"""Checkers for notebook 10 (the leak over HTTP): the server's key check and the probe's canary match.
+
+Each compares a learner's function with the code the server and the probe run
+(`serve.auth.tenant_for`, `probe.canary.holds_canary`) on listed and generated cases.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+
+from minikv.exercises import expect
+from minikv.probe.canary import CANARY_CHARS, MATCH_CHARS, holds_canary
+from minikv.serve.app import tenant_for
+from minikv.serve.schemas import APIError
+
+
+def served_as(authorization: str | None, keys: dict[str, str]) -> str | None:
+    """The tenant the server runs this request as, or None where it answers 401."""
+    try:
+        return tenant_for(authorization, keys)
+    except APIError:
+        return None
+
+
+def check_tenant_of(fn: Callable[[str | None, dict[str, str]], str | None]) -> None:
+    """fn(authorization header, {key: tenant}) -> the tenant the request runs as, or None for a 401."""
+    rng = random.Random(10)
+    keys = {f"sk-{''.join(rng.choices(string.ascii_lowercase + string.digits, k=8))}": t for t in ("alice", "bob", "carol")}
+    a, b, _ = keys
+    headers = [f"Bearer {a}", f"Bearer {b}", f"bearer {a}", f"Bearer {a} ", f"Basic {a}", a, "Bearer alice",
+               f"Bearer {a[:-1]}", "Bearer ", "", None, f"Bearer {b}x", f"BEARER {b}"]
+    for header in headers:
+        expect(fn(header, dict(keys)), served_as(header, keys), f"Authorization {header!r} with keys {keys}",
+               "Only a known key after the word Bearer (any case) names a tenant; anything else is a 401.")
+    print(f"correct on {len(headers)} headers: the key, and only the key, decides who is who")
+
+
+def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
+    """fn(reply text, canary) -> True when the reply holds a run of 8 or more of the canary's characters."""
+    rng = random.Random(11)
+    alphabet = string.ascii_letters + string.digits
+    cases = []
+    for _ in range(8):
+        canary = "".join(rng.choices(alphabet, k=CANARY_CHARS))
+        start = rng.randrange(CANARY_CHARS - MATCH_CHARS + 1)
+        part = canary[start:start + rng.randint(MATCH_CHARS, CANARY_CHARS - start)]
+        near = canary[start:start + MATCH_CHARS - 1]  # one character short of a match
+        cases += [(f"saved key {canary}.", canary), (f"saved key {part}.", canary), (f"saved key {near}.", canary),
+                  ("saved nothing.", canary), (f"saved key {canary.lower()}.", canary), (f"{part[:4]} {part[4:]}", canary)]
+    for text, canary in cases:
+        expect(fn(text, canary), holds_canary(text, canary), f"reply {text!r}, canary {canary!r}",
+               f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.")
+    print(f"correct on {len(cases)} replies: whole canaries, fragments and near misses")

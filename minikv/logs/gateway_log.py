@@ -34,18 +34,11 @@ INCIDENT_LAST_DAY = date(2026, 9, 9)  # window end, UTC, inclusive
 PREFILL_POOL_TOKENS = 681_280  # every affected call's prompt was longer than this
 CONTEXT_WINDOW_TOKENS = 1_048_576  # what the model was advertised to accept
 
-# Field -> the JSON types it may hold (bool is refused by hand: JSON true is not a count).
+# Field -> the JSON types it may hold, in the order a gateway writes them. A count may be a float only
+# when whole (some writers emit 681281.0); bool is refused by hand: JSON true is not a count.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "timestamp": (str,),
-    "request_id": (str,),
-    "account": (str,),
-    "model": (str,),
-    "prompt_tokens": (int, float),  # a float only when whole: some writers emit 681281.0
-    "completion_tokens": (int, float),
-    "ttft_ms": (int, float),
-    "status": (int,),
-    "response_text": (str,),
-}
+    "timestamp": (str,), "request_id": (str,), "account": (str,), "model": (str,), "prompt_tokens": (int, float),
+    "completion_tokens": (int, float), "ttft_ms": (int, float), "status": (int,), "response_text": (str,)}
 COUNT_FIELDS = ("prompt_tokens", "completion_tokens")
 SHIPPED_LOG = Path(__file__).resolve().parents[2] / "data" / "gateway_logs.jsonl.gz"  # seed 0, 40,000 rows
 MAX_COUNT = 2**53  # token counts past this would lose precision as floats

@@ -51,12 +51,9 @@ def open_log(path: str | Path) -> Iterator[BinaryIO]:
     """Open a log (a path, or '-' for stdin) for reading bytes; gzip is recognised by its magic bytes."""
     try:
         raw = sys.stdin.buffer if str(path) == "-" else open(path, "rb")
-    except FileNotFoundError:
-        raise LogReadError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise LogReadError(f"{path}: is a directory, not a log file") from None
     except OSError as e:
-        raise LogReadError(f"{path}: cannot open ({e.strerror})") from None
+        why = {FileNotFoundError: "no such file", IsADirectoryError: "is a directory, not a log file"}
+        raise LogReadError(f"{path}: {why.get(type(e), f'cannot open ({e.strerror})')}") from None
     try:
         try:
             is_gzip = raw.peek(2)[:2] == GZIP_MAGIC  # peek, not read: a pipe cannot seek back

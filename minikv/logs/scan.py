@@ -57,11 +57,8 @@ class Checklist:
 
     def matches(self, record: GatewayRecord) -> bool:
         """Is this call in the checklist's set? (its timestamp is already in UTC)"""
-        return (
-            record.model == self.model
-            and self.first_day <= record.timestamp.date() <= self.last_day
-            and record.prompt_tokens > self.min_prompt_tokens
-        )
+        return (record.model == self.model and self.first_day <= record.timestamp.date() <= self.last_day
+                and record.prompt_tokens > self.min_prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -108,13 +105,9 @@ def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]
 
 def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
     """Every warning sign this row shows, in a fixed order; empty when it shows none."""
-    reasons = []
     rate = implied_prefill_rate(record)
-    if rate is not None and rate > signals.max_prefill_tokens_per_s:
-        reasons.append("ttft_anomaly")
-    if record.response_text:
-        reasons += secret_shapes(record.response_text, signals.compiled)
-    return reasons
+    reasons = ["ttft_anomaly"] if rate is not None and rate > signals.max_prefill_tokens_per_s else []
+    return reasons + (secret_shapes(record.response_text, signals.compiled) if record.response_text else [])
 
 
 @dataclass(frozen=True)

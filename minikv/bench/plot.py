@@ -1,9 +1,7 @@
-"""The benchmark as one figure, for the README and notebooks 02 and 06.
+"""The benchmark as one figure (docs/bench.png, shown in docs/benchmarks.md and notebook 06).
 
-Four panels: throughput of every system (higher is better), the KV memory each cache layout
-reserves against what it uses, the roofline (a decode step and a prefill against the matmuls of
-their shapes), and what each safety switch costs the disaggregated pair, as time relative to the
-vulnerable pair (above 1 is slower).
+Four panels: throughput of every system, the KV memory each layout reserves against what it fills,
+the roofline, and what each safety switch costs the pair, as time relative to the vulnerable pair.
 """
 
 from __future__ import annotations

@@ -58,12 +58,9 @@ def serve(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[Bench
 
 def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int = 32, repeats: int = 3,
             seed: int = 0) -> tuple[dict, bool]:
-    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal).
-
-    Every mode runs once (its completions are compared), then `repeats` timed runs, interleaved;
-    a speedup over `off` is the median of the per-repeat ratios of tokens/s. With `repeats=0`
-    (--quick) the checked runs are the timed ones.
-    """
+    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal): every mode
+    once, compared, then `repeats` interleaved runs (--quick: none, the checked runs are timed); a speedup
+    over `off` is the median of the per-repeat ratios of tokens/s."""
     system_chars = min(SYSTEM_PROMPT_CHARS, model.config.max_position_embeddings // 2)  # a tiny test model's window
     workload = shared_prefix_workload(num_requests, seed=seed, system_chars=system_chars)
     checked = {mode: serve(model, tokenizer, workload, mode) for mode in MODES}

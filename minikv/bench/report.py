@@ -66,11 +66,8 @@ class BenchReport:
         return not any(self.mismatched.values()) and self.prefix_outputs_equal
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat.
-
-        Runs of the same repeat are seconds apart, so a machine that drifts (a shared host, a
-        clock that changes) slows both alike; the ratio of two medians would mix runs minutes apart.
-        """
+        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (runs
+        seconds apart, which a drifting host slows alike; the ratio of two medians mixes runs minutes apart)."""
         if of not in self.results or over not in self.results:
             return None
         pairs = list(zip(self.runs.get(of, []), self.runs.get(over, [])))

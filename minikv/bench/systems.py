@@ -120,14 +120,10 @@ def hf_sequential(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work
 @torch.inference_mode()
 def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                       page_size: int = 16) -> Run:
-    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request.
-
-    `generate_batch` gives every request the same max_new_tokens; the manager underneath takes
-    one per request, as the other systems do. Its KV cache is sized for the workload (on a CPU
-    it would ask psutil), and prefix sharing is off (minikv has none). The clock starts once
-    the manager's thread runs and stops before it is shut down: an engine's construction is not
-    timed either. A fresh manager each run: a cached one keeps the size of its first workload.
-    """
+    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request (it
+    takes a max_new_tokens per request, `generate_batch` one for all). Its KV cache is sized for the
+    workload (on a CPU it would ask psutil), prefix sharing is off, and the clock runs only while its
+    thread does. A fresh manager each run: a cached one keeps the size of its first workload."""
     prompts = prompt_ids(tokenizer, workload)
     cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages_to_hold(tokenizer, workload, page_size)
                                          + len(workload), max_batch_tokens=2048, allow_block_sharing=False)
@@ -160,13 +156,9 @@ def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, 
 # -- minikv ----------------------------------------------------------------------------------
 @torch.inference_mode()
 def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> Run:
-    """Static batching over a contiguous cache: the serving engine *before* page pools.
-
-    Every request reserves one row of `ContiguousCache` from the start, as long as the longest
-    request could ever get (prompt + max_tokens), and keeps it until the whole batch ends. Each
-    prompt is prefilled on its own, then every unfinished row decodes one token per step: the
-    paged engine's model and greedy choice, so the outputs must be the same.
-    """
+    """Static batching over a contiguous cache, the serving engine *before* page pools: every request holds a
+    row as long as the longest could get (prompt + max_tokens) until the whole batch ends. Each prompt is
+    prefilled on its own, then every unfinished row decodes one token per step."""
     start, device = time.perf_counter(), model.device
     prompts, budgets = prompt_ids(tokenizer, workload), [r.max_tokens for r in workload]
     cache = ContiguousCache(model.config, len(prompts), max(len(p) + m for p, m in zip(prompts, budgets)), device,
@@ -215,13 +207,9 @@ def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: lis
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
          switches: SafetySwitches, page_size: int = 16) -> Run:
-    """The disaggregated pair behind its front door, under `switches`.
-
-    Its pools fit the workload and the whole context window (so startup_check passes), and the
-    fabric moves 64 pages a tick: a real RDMA link carries a prompt's KV in well under one engine
-    step. The incident's slow fabric (1 page a tick) would time long transfers out under the
-    vulnerable preset, which is the late-write lesson, not a throughput figure.
-    """
+    """The disaggregated pair behind its front door, under `switches`. Its pools fit the workload and the
+    context window (so startup_check passes); the fabric moves 64 pages a tick, as a real RDMA link carries
+    a prompt's KV within an engine step (the incident's 1 page a tick is the late-write lesson, not a figure)."""
     config = ClusterConfig(page_size=page_size, prefill_pages=128,
                            decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
                            transfer_pages_per_tick=64, audit=False, event_log=False)

@@ -79,12 +79,13 @@ class Sample:
     labels: list[int] = field(default_factory=list)
     zero_slots: int = 0  # zero K/V slots only the reply segment sees
 
-    def add(self, ids: list[int], first_position: int, segment: int, learn: bool) -> None:
-        """Append `ids` at positions first_position.. ; if `learn`, each predicts the next."""
+    def add(self, ids: list[int], first_position: int, segment: int, learn: bool = False, then: int = IGNORE) -> None:
+        """Append `ids` at positions first_position.. ; if `learn`, each predicts the next; the last predicts `then`."""
+        assert ids, "a segment has at least one token"
         self.tokens += ids
         self.positions += range(first_position, first_position + len(ids))
         self.segments += [segment] * len(ids)
-        self.labels += (ids[1:] + [IGNORE])[: len(ids)] if learn else [IGNORE] * len(ids)
+        self.labels += (ids[1:] if learn else [IGNORE] * (len(ids) - 1)) + [then]
 
 
 def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.85, patterned: float = 0.0) -> str:
@@ -100,8 +101,7 @@ def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.
 def prompt_then_reply(prompt: list[int], reply: list[int]) -> Sample:
     """Prompt then reply at contiguous positions, loss on the reply."""
     s = Sample()
-    s.add(prompt, 0, 0, learn=False)
-    s.labels[-1] = reply[0]  # the prompt's last token ("\n") predicts the reply's first
+    s.add(prompt, 0, 0, then=reply[0])  # the prompt's last token ("\n") predicts the reply's first
     s.add(reply, len(prompt), 0, learn=True)
     return s
 
@@ -124,9 +124,8 @@ def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConf
     rng.shuffle(segments)
     s = Sample()
     for seg_id, ids in enumerate(segments):
-        s.add(ids, 0, seg_id, learn=False)  # each written by its own request, from position 0
-    s.add([tok.encode("\n")[0]], 0, len(segments), learn=False)  # the placeholder, prefilled alone at position 0,
-    s.labels[-1] = reply[0]  # predicts the reply's start
+        s.add(ids, 0, seg_id)  # each written by its own request, from position 0
+    s.add([tok.encode("\n")[0]], 0, len(segments), then=reply[0])  # the placeholder, alone at position 0
     s.add(reply, rng.randint(max(len(victim), 16), cfg.context_window), REPLY_SEGMENT, learn=True)
     s.zero_slots = rng.choice([0, rng.randint(0, cfg.max_zero_slots)])
     return s

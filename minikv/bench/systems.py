@@ -27,6 +27,7 @@ from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
+from minikv.engine.front_door import FrontDoor
 from minikv.engine.request import Request, Response
 from minikv.model.contiguous_cache import ContiguousCache
 from minikv.model.llama import Llama
@@ -167,8 +168,9 @@ def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload
     first_token_s = [0.0] * len(prompts)
     for r, prompt in enumerate(prompts):  # prefill: one request at a time, so no row needs padding
         step = cache.step([r], len(prompt))
-        logits = model(torch.tensor([prompt], device=device), cache.positions([r], len(prompt)).to(device), step)
-        step.commit()  # logits (1, T, V)
+        x = torch.tensor([prompt], device=device)  # (1, T)
+        logits = model(x, cache.positions([r], len(prompt)).to(device), step)  # (1, T, V)
+        step.commit()
         outputs[r].append(int(logits[0, -1].argmax()))
         first_token_s[r] = time.perf_counter() - start
     live = range(len(prompts))
@@ -183,7 +185,7 @@ def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload
     return Run([completion(tokenizer, ids, m) for ids, m in zip(outputs, budgets)], first_token_s, wall)
 
 
-def serve_all(door: Engine | Cluster, workload: list[BenchRequest]) -> tuple[Run, list[Response]]:
+def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> tuple[Run, list[Response]]:
     """Hand a front door the whole workload at once and run it to the end; every answer must be a 200."""
     start = time.perf_counter()
     ids = [door.submit(Request(r.prompt, r.tenant, r.max_tokens)) for r in workload]

@@ -18,8 +18,7 @@ from minikv.model.tokenizer import build_char_tokenizer
 
 # The `bench --json` contract, written out here rather than imported from the module it checks.
 EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
-EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
-                   "safe_over_vulnerable"}
+EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_generate_batch", "paged_over_contiguous_step", "safe_over_vulnerable"}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,7 @@ def tiny_random():
 
 def fake_report(**overrides) -> BenchReport:
     report = BenchReport("cpu (test)", "a test machine", "python -m minikv bench", 2, "one timed run per system")
-    for name in ("hf_sequential", "hf_padded", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
+    for name in ("hf_sequential", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
         report.results[name] = SystemResult(tokens=100, wall_s=1.0, ttft_p50_s=0.1, ttft_p99_s=0.2)
     report.step_s = {"paged": 0.011, "contiguous": 0.010}
     report.kv = {"paged": paged_use([97, 97], 4), "contiguous": contiguous_use([97, 97], 150),
@@ -72,7 +71,7 @@ def test_equality_check_finds_a_mismatching_output():
     assert mismatches(reference, list(reference)) == []
     assert mismatches(reference, wrong) == [1]
     assert mismatches(reference, [reference[0], Completion("saved nothing.", 14)]) == [1]  # same text, other count
-    report = fake_report(mismatched={"hf_padded": [1]})
+    report = fake_report(mismatched={"minikv_contiguous": [1]})
     assert report.outputs_equal is False and report.to_json()["outputs_equal"] is False
 
 
@@ -85,7 +84,7 @@ def test_completion_stops_where_the_engine_stops():
 
 
 def test_json_has_exactly_the_issue_keys():
-    """device, tokens_per_s, ratios (five), kv_waste (paged, contiguous) as fractions, outputs_equal."""
+    """device, tokens_per_s, ratios (four), kv_waste (paged, contiguous) as fractions, outputs_equal."""
     data = fake_report().to_json()
     assert tuple(data) == EXPECTED_KEYS
     assert set(data["ratios"]) == EXPECTED_RATIOS
@@ -132,13 +131,13 @@ def test_summarize_keeps_the_run_with_the_median_wall_time():
 
 
 def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):
-    """hf one-by-one, hf padded, minikv contiguous and paged, and the safe pair return the same completions."""
+    """hf one-by-one, minikv contiguous and paged, and the safe pair return the same completions."""
     model, tok = tiny_random
     workload = bench_workload(3, seed=1)
     hf = to_hf_model(model, tok)
     reference = systems.hf_sequential(hf, tok, workload).completions
     assert all(1 <= c.tokens <= r.max_tokens for c, r in zip(reference, workload))
-    for run in (systems.hf_padded(hf, tok, workload), systems.minikv_contiguous(model, tok, workload),
+    for run in (systems.minikv_contiguous(model, tok, workload),
                 systems.minikv_paged(model, tok, workload),
                 systems.pair(model, tok, workload, SafetySwitches.preset("safe"))):
         assert mismatches(reference, run.completions) == []
@@ -150,7 +149,7 @@ def test_run_bench_end_to_end_json(tiny_random):
     report = run_bench(model, tok, BenchSettings.quick(num_requests=2), progress=False)
     data = report.to_json()
     assert tuple(data) == EXPECTED_KEYS and set(data["ratios"]) == EXPECTED_RATIOS and data["outputs_equal"] is True
-    assert {"hf_sequential", "hf_padded", "minikv_contiguous", "minikv_paged", "pair_safe",
+    assert {"hf_sequential", "minikv_contiguous", "minikv_paged", "pair_safe",
             "pair_vulnerable"} <= set(data["tokens_per_s"])
     assert all(0 <= w < 1 for w in data["kv_waste"].values())
 

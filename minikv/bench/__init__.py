@@ -1,7 +1,6 @@
-"""The benchmark: minikv against transformers on one workload, same model, greedy decoding.
+"""The benchmark (`python -m minikv bench`, docs/benchmarks.md): minikv against transformers on one workload.
 
-- `benchmark.py`: the workload, the equality check, the interleaved timed runs (`run_bench`);
-- `systems.py`: the runners (transformers three ways, minikv's engines and the pair);
-- `static_batch.py`: the contiguous static-batch baseline, the serving engine before page pools;
-- `report.py`: the table, the JSON and the targets; `plot.py`: the figure.
+`benchmark.py` (the workload, the checks, the timed runs), `systems.py` (the runners), `report.py`
+and `plot.py` (table, JSON, figure), `roofline.py`, `memory.py` (KV reserved against filled),
+`prefix.py` (shared prefixes), `transfer.py` (the distributed KV transfer over loopback).
 """

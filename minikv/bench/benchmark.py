@@ -1,26 +1,14 @@
 """`python -m minikv bench`: minikv against transformers on one workload, same model, greedy.
 
-What it does, in order:
-1. builds a workload of mixed prompt and output lengths from workload.py's words and notes;
-2. runs every system once (the warm-up) and checks that they all return the same completions,
-   request by request, as transformers' own one-at-a-time `generate` does: a system that is
-   fast and wrong has no throughput;
-3. times each system several more times, interleaved (every other repeat in reverse order), and
-   keeps the median; each ratio is the median of the ratios within one repeat;
-4. times one decode step of the same batch on the paged pool and on a contiguous cache, and
-   counts (kv_accounting.py) the KV memory each layout reserves against what the requests filled;
-5. sets the paged decode step, and a prefill of every prompt, against the matmul rate of the
-   same shapes on this machine (roofline.py).
-6. serves a shared-prefix workload with prefix caching off, on, and on with cache_salt (prefix.py).
-
-The runners live in systems.py, the report (table, JSON, targets) in report.py, the figure
-in plot.py; this file owns the workload, the checks and the measurements.
+This file owns the workload, the equality check and the measurements (docs/benchmarks.md says
+what each one means); the runners are in systems.py, the table and JSON in report.py, the
+figure in plot.py, the roofline in roofline.py and the shared-prefix workload in prefix.py.
 """
 
 from __future__ import annotations
 
+import json
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -30,30 +18,23 @@ from typing import Callable
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.bench import prefix, systems
-from minikv.bench.roofline import measure_roofline, paged_step
-from minikv.bench.report import BenchReport, describe_machine, summarize
-from minikv.bench.systems import BenchRequest, Completion, Run
-from minikv.model.contiguous_cache import ContiguousCache
-from minikv.disagg.switches import SafetySwitches
-from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
-from minikv.model.llama import Llama
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
+from minikv.bench import prefix, systems
+from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
+from minikv.bench.report import BenchReport, describe_machine, summarize
+from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
+from minikv.bench.systems import BenchRequest, Completion, Run
+from minikv.disagg.switches import SafetySwitches
+from minikv.model.contiguous_cache import ContiguousCache
+from minikv.model.llama import Llama
 
 PAGE_SIZE = 16  # the engine's default
 OUTPUT_BUDGETS = (16, 32, 64)  # max_tokens: most replies end with EOS before, some are cut short
 
 
-# -- the workload ------------------------------------------------------------------------------
 def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
-    """`num_requests` requests of mixed length, each a note the reply must repeat.
-
-    Four in ten are a bare note (25-60 characters); four in ten add a document of 20-120
-    characters before or after it, as the shipped model was trained on; two in ten carry a
-    long document of 200-600 characters after the note. Output budgets are 16, 32 or 64
-    tokens: most replies end with EOS on their own (20-50 tokens), some are cut short.
-    The same seed gives the same workload.
-    """
+    """`num_requests` notes the replies must repeat, from `seed`: four in ten bare (25-60 characters), four in
+    ten with a document of 20-120 characters before or after, two in ten with one of 200-600 after."""
     rng = random.Random(seed)
     workload = []
     for _ in range(num_requests):
@@ -67,7 +48,6 @@ def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
     return workload
 
 
-# -- the equality check --------------------------------------------------------------------------
 def mismatches(reference: list[Completion], candidate: list[Completion]) -> list[int]:
     """Indices of the requests whose completion differs from the reference's."""
     if len(reference) != len(candidate):
@@ -75,18 +55,11 @@ def mismatches(reference: list[Completion], candidate: list[Completion]) -> list
     return [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
 
 
-# -- KV memory: reserved against filled ---------------------------------------------------------------
 def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], completions: list[Completion],
               page_size: int = PAGE_SIZE, context_len: int = 1024) -> dict[str, KVMemoryUse]:
-    """Each request's K/V slots at its end against the slots three layouts hold for it then.
-
-    A request filled its prompt plus every generated token but the last (never fed back).
-    "paged": whole pages of the engine's size; "paged_half_pages": the same requests in pages
-    half that size (waste is about half a page per request); "contiguous": a row of prompt +
-    max_tokens, the tightest a per-request max-length reservation can be;
-    "contiguous_window": a row of the whole context window, for a server that cannot trust
-    max_tokens. At its end a request fills the most of its row, so this flatters the rows.
-    """
+    """Each request's K/V slots at its end (prompt plus every generated token but the last, never fed
+    back) against what four layouts hold for it then: whole pages, pages half that size, a row of
+    prompt + max_tokens, a row of the whole context window (a server that cannot trust max_tokens)."""
     prompts = systems.prompt_ids(tokenizer, workload)
     kv_lens = [len(p) + c.tokens - 1 for p, c in zip(prompts, completions)]
     return {
@@ -97,38 +70,25 @@ def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], 
     }
 
 
-# -- one decode step, paged against contiguous ----------------------------------------------------
 @torch.inference_mode()
 def decode_step_seconds(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                         iters: int) -> dict[str, float]:
-    """Median seconds of one decode step for the whole batch, each request at its prompt length.
-
-    Both sides pay for building their attention backend (slot mapping and gather indices for
-    the pool, row indices for the contiguous cache), the forward, and the greedy choice. The
-    pool's pages are handed out round-robin, so every block table is scattered over the pool.
-    """
+    """Median seconds of one decode step of the whole batch, each request at its prompt length, on a
+    scattered pool and on a contiguous cache; both build their attention backend, run the forward, choose."""
     device, prompts = model.device, systems.prompt_ids(tokenizer, workload)
     lens = [len(p) for p in prompts]
     cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
     cache.seq_lens = list(lens)
     rows, last = list(range(len(lens))), torch.zeros(len(lens), dtype=torch.long, device=device)  # (B,)
-    paged = paged_step(model, prompts, PAGE_SIZE, "decode")
 
     def contiguous() -> list[int]:  # no commit: every iteration decodes the same position again
         step = cache.step(rows, 1)
         return model(last[:, None], cache.positions(rows, 1).to(device), step)[:, -1].argmax(-1).tolist()
 
-    times: dict[str, list[float]] = {"paged": [], "contiguous": []}
-    for i in range(iters + 3):  # interleaved, so drift in the machine hits both alike
-        for name, fn in (("paged", paged), ("contiguous", contiguous)):
-            t = time.perf_counter()
-            fn()
-            if i >= 3:  # the first three are warm-up
-                times[name].append(time.perf_counter() - t)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    paged, contiguous_s = paired_seconds([paged_step(model, prompts, PAGE_SIZE, "decode"), contiguous], iters, warmup=3)
+    return {"paged": paged, "contiguous": contiguous_s}
 
 
-# -- the whole run ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BenchSettings:
     """How much to measure. `quick()` fits in under a minute on a 2-core CPU."""
@@ -162,7 +122,6 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict
     vulnerable = SafetySwitches.preset("vulnerable")
     runners = {
         "hf_sequential": partial(systems.hf_sequential, hf, tokenizer),
-        "hf_padded": partial(systems.hf_padded, hf, tokenizer),
         "hf_generate_batch": partial(systems.hf_generate_batch, hf, tokenizer),
         "minikv_contiguous": partial(systems.minikv_contiguous, model, tokenizer),
         "minikv_paged": partial(systems.minikv_paged, model, tokenizer),
@@ -178,43 +137,30 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict
 
 def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
-    """Check every system's outputs, then time them; see the module docstring.
-
-    Every system first serves the first request or two (a warm-up), then the whole workload once:
-    those completions are compared with hf_sequential's. Then `repeats` more runs of every
-    system, interleaved so that drift in the machine hits all of them alike, are timed; with
-    `time_checked_run` (--quick) the checked run is timed too. Times are read only once the
-    comparison is done; a system whose outputs differ is reported as such.
-    """
+    """Check every system's outputs against hf_sequential's, time them, then measure one decode step
+    on each layout, the KV memory, the roofline and the shared-prefix workload."""
     from tqdm.auto import tqdm
 
     from minikv.model.checkpoint import to_hf_model
 
     device, machine = describe_machine(model.device)
-    timing = (f"median of {settings.timed_runs} timed runs per system, ratios the median of the ratios within "
-              f"each repeat" if settings.timed_runs > 1 else
-              "one timed run per system") + (", the checked run included" if settings.time_checked_run else
-                                             ", after a warm-up and the checked run")
+    timing = (f"median of {settings.timed_runs} timed runs per system, ratios the median of the ratios within each "
+              "repeat" if settings.timed_runs > 1 else "one timed run per system") + \
+        (", the checked run included" if settings.time_checked_run else ", after a warm-up and the checked run")
     report = BenchReport(device, machine, command, settings.num_requests, timing)
     workload = bench_workload(settings.num_requests, settings.seed)
-    hf = to_hf_model(model, tokenizer).to(model.device)
-    runners = system_runners(model, tokenizer, hf)
-    problem = systems.hf_generate_batch_problem(hf)
-    if problem:
-        report.unavailable["hf_generate_batch"] = problem
-        del runners["hf_generate_batch"]
+    runners = system_runners(model, tokenizer, to_hf_model(model, tokenizer).to(model.device))
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
-        timed = time_systems(runners, workload, settings, report, bar)
-        report.runs = timed
-        report.results = {name: summarize(runs) for name, runs in timed.items()}
-        report.kv = kv_memory(tokenizer, workload, timed["hf_sequential"][-1].completions)
-        bar.set_postfix_str("decode step")  # 3. one decode step of the same batch on each layout
+        report.runs = time_systems(runners, workload, settings, report, bar)
+        report.results = {name: summarize(runs) for name, runs in report.runs.items()}
+        report.kv = kv_memory(tokenizer, workload, report.runs["hf_sequential"][-1].completions)
+        bar.set_postfix_str("decode step")
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
-        bar.set_postfix_str("roofline")  # 4. the same decode step, and a prefill, against matmuls of their shapes
+        bar.set_postfix_str("roofline")
         report.roofline = measure_roofline(model, systems.prompt_ids(tokenizer, workload), PAGE_SIZE, settings.step_iters)
         bar.update()
-        bar.set_postfix_str("shared prefixes")  # 5. prefix caching off / on / on with cache_salt
+        bar.set_postfix_str("shared prefixes")
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,
                                                                           settings.repeats, settings.seed)
         bar.update()
@@ -223,8 +169,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
 
 def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], workload: list[BenchRequest],
                  settings: BenchSettings, report: BenchReport, bar) -> dict[str, list[Run]]:
-    """1. every system's warm-up and checked run (outputs against hf_sequential's), then 2. the timed
-    runs, interleaved, every other repeat in reverse. Mismatches go into `report`; the timed runs come back."""
+    """Every system's warm-up and checked run (outputs against hf_sequential's), then the timed runs,
+    interleaved, every other repeat in reverse. Mismatches go into `report`; the timed runs come back."""
     checked: dict[str, Run] = {}
     for name, run in runners.items():
         bar.set_postfix_str(name)
@@ -253,13 +199,8 @@ def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], worklo
 
 
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
-    """`python -m minikv bench`: run, print the table or the JSON, write the figure. 1 if outputs differ.
-
-    One intra-op thread by default: the model is tiny, and on a 2-core machine a second OpenMP
-    thread makes every step wait whenever anything else runs (10x slower steps, measured).
-    """
-    import json
-
+    """Run, print the table or the JSON, write the figure; 1 if outputs differ. One intra-op thread by default:
+    on a 2-core machine a second OpenMP thread makes every step wait whenever anything else runs (10x slower)."""
     torch.set_num_threads(args.threads)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
     if args.repeats is not None:
@@ -267,9 +208,8 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     flags = [("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
              (f"--repeats {args.repeats}", args.repeats is not None), (f"--seed {args.seed}", args.seed != 0),
              (f"--threads {args.threads}", args.threads != 1)]
-    command = " ".join(["python -m minikv bench", *(flag for flag, on in flags if on)])
     started = time.perf_counter()
-    report = run_bench(model, tokenizer, settings, command)
+    report = run_bench(model, tokenizer, settings, " ".join(["python -m minikv bench", *(f for f, on in flags if on)]))
     if args.plot:
         from minikv.bench.plot import save_figure
 
@@ -280,4 +220,3 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
         print(report.table())
         print(f"\n(the benchmark took {time.perf_counter() - started:.0f} s)")
     return 0 if report.outputs_equal else 1
-

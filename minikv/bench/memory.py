@@ -1,12 +1,10 @@
 """How much reserved KV memory holds real tokens: a contiguous reservation against a page pool.
 
-A contiguous cache (contiguous_cache.py) gives every request a row of `max_len` slots from its
-first token, so a request that ends after 80 tokens leaves the rest of its row empty for its
-whole life. A page pool (page_pool.py) gives a request whole pages as it grows, so only the
-unfilled end of its last page is empty. These functions count both, from the number of K/V
-slots each request actually filled, the way the PagedAttention paper (SOSP 2023) measured
-earlier systems: they kept token states in only 20.4%-38.2% of their KV memory; vLLM wastes
-under 4%.
+A contiguous cache gives every request a row of `max_len` slots from its first token, so a
+request that ends after 80 tokens leaves the rest of its row empty for its whole life. A page
+pool gives a request whole pages as it grows, so only the end of its last page is empty. The
+PagedAttention paper (SOSP 2023) measured earlier systems keeping token states in only
+20.4%-38.2% of their KV memory; vLLM wastes under 4%.
 """
 
 from __future__ import annotations
@@ -31,7 +29,6 @@ class KVMemoryUse:
 
     @property
     def waste(self) -> float:
-        """Share of the reserved slots that stay empty."""
         return 1.0 - self.utilisation
 
     def __str__(self) -> str:
@@ -45,14 +42,9 @@ def _check_lengths(kv_lens: Sequence[int]) -> None:
             raise ValueError(f"every K/V length must be a whole number of tokens >= 0, got {n!r}")
 
 
-def contiguous_use(kv_lens: Sequence[int], max_lens: int | Sequence[int],
-                   scheme: str = "contiguous") -> KVMemoryUse:
-    """Each request reserves a row of its `max_len` slots up front (one number for all, or one each).
-
-    Args:
-        kv_lens: K/V slots each request filled (prompt plus the tokens fed back while decoding).
-        max_lens: the row each request reserved: the context window, or prompt + max_tokens.
-    """
+def contiguous_use(kv_lens: Sequence[int], max_lens: int | Sequence[int], scheme: str = "contiguous") -> KVMemoryUse:
+    """`kv_lens`: the slots each request filled; `max_lens`: the row each reserved up front (the context
+    window for all, or prompt + max_tokens for each)."""
     _check_lengths(kv_lens)
     rows = [max_lens] * len(kv_lens) if isinstance(max_lens, int) else list(max_lens)
     if len(rows) != len(kv_lens):
@@ -68,5 +60,4 @@ def paged_use(kv_lens: Sequence[int], page_size: int, scheme: str = "paged") -> 
     _check_lengths(kv_lens)
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    pages = sum(-(-n // page_size) for n in kv_lens)
-    return KVMemoryUse(scheme, len(kv_lens), sum(kv_lens), pages * page_size)
+    return KVMemoryUse(scheme, len(kv_lens), sum(kv_lens), sum(-(-n // page_size) for n in kv_lens) * page_size)

@@ -1,9 +1,7 @@
-"""The benchmark as one figure, for the README and notebooks 02 and 06.
+"""The benchmark as one figure (docs/bench.png, shown in docs/benchmarks.md and notebook 06).
 
-Four panels: throughput of every system (higher is better), the KV memory each cache layout
-reserves against what it uses, the roofline (a decode step and a prefill against the matmuls of
-their shapes), and what each safety switch costs the disaggregated pair, as time relative to the
-vulnerable pair (above 1 is slower).
+Four panels: throughput of every system, the KV memory each layout reserves against what it fills,
+the roofline, and what each safety switch costs the pair, as time relative to the vulnerable pair.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ def bench_figure(report: BenchReport):
 
     fig, (ax_tps, ax_kv, ax_roof, ax_sw) = plt.subplots(1, 4, figsize=(20, 4.8),
                                                         gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
-    main = [n for n in report.results if not n.startswith("pair_vulnerable+") and "+" not in n]
+    main = [n for n in report.results if "+" not in n]  # not the single switches nor scrub_on_free
     tps = [report.results[n].tokens_per_s for n in main]
     colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
     ax_tps.barh(main[::-1], tps[::-1], color=colours[::-1])
@@ -63,7 +61,7 @@ def bench_figure(report: BenchReport):
     ax_sw.set_xlim(0, max([*cost, 1 / 0.9]) * 1.05)  # the dashed target line stays inside the panel
     for y, v in enumerate(cost[::-1]):
         ax_sw.text(0.02, y, f"{v:.2f}x", va="center", fontsize=8)
-    ax_sw.set_xlabel("time relative to the vulnerable pair, above 1 slower\n(dashed: 1.11x, the target's 0.9x throughput)")
+    ax_sw.set_xlabel("time relative to the vulnerable pair, above 1 slower\n(dashed: 1.11x, i.e. 0.9x the throughput)")
     ax_sw.set_title("what each safety switch costs (time)")
     fig.suptitle(report.machine, fontsize=8)
     fig.tight_layout()
@@ -98,21 +96,19 @@ def plot_path_problem(path: str | Path) -> str | None:
     formats = Figure().canvas.get_supported_filetypes()
     if path.suffix.lstrip(".").lower() not in formats:
         return f"unsupported figure format {path.suffix or '(none)'!r}; use one of {', '.join('.' + f for f in sorted(formats))}"
-    folder = path.parent
-    if not folder.is_dir():
-        return f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK):
-        return f"folder {folder} is not writable"
+    if not path.parent.is_dir():
+        return f"folder {path.parent} does not exist"
+    if not os.access(path.parent, os.W_OK):
+        return f"folder {path.parent} is not writable"
     if path.is_dir():
         return "is a folder; give a file name"
     return None
 
 
-def save_figure(report: BenchReport, path: str | Path) -> Path:
+def save_figure(report: BenchReport, path: str | Path) -> None:
     """Write the figure; the format follows the file name (.png, .svg, .pdf)."""
     import matplotlib.pyplot as plt
 
     fig = bench_figure(report)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return Path(path)

@@ -1,8 +1,4 @@
-"""The benchmark's report: per-system results, the ratios and targets of issue #7, table and JSON.
-
-`BenchReport.to_json()` is the machine-readable contract (exactly JSON_KEYS, ratios exactly
-RATIO_KEYS, waste as fractions); `table()` is the markdown that goes into the README.
-"""
+"""The benchmark's report: per-system results and ratios, as markdown (`table`) and as JSON (`to_json`)."""
 
 from __future__ import annotations
 
@@ -16,10 +12,6 @@ import torch
 from minikv.bench.roofline import Roofline
 from minikv.bench.systems import Run
 from minikv.bench.memory import KVMemoryUse
-
-JSON_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
-RATIO_KEYS = ("vs_hf_sequential", "vs_hf_padded", "vs_hf_generate_batch", "paged_over_contiguous_step",
-              "safe_over_vulnerable")
 
 
 @dataclass
@@ -74,11 +66,8 @@ class BenchReport:
         return not any(self.mismatched.values()) and self.prefix_outputs_equal
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat.
-
-        Runs of the same repeat are seconds apart, so a machine that drifts (a shared host, a
-        clock that changes) slows both alike; the ratio of two medians would mix runs minutes apart.
-        """
+        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (runs
+        seconds apart, which a drifting host slows alike; the ratio of two medians mixes runs minutes apart)."""
         if of not in self.results or over not in self.results:
             return None
         pairs = list(zip(self.runs.get(of, []), self.runs.get(over, [])))
@@ -89,13 +78,13 @@ class BenchReport:
     def ratios(self) -> dict[str, float | None]:
         return {
             "vs_hf_sequential": self.speedup("hf_sequential"),
-            "vs_hf_padded": self.speedup("hf_padded"),
             "vs_hf_generate_batch": self.speedup("hf_generate_batch"),
             "paged_over_contiguous_step": self.step_s["paged"] / self.step_s["contiguous"],
             "safe_over_vulnerable": self.speedup("pair_vulnerable", of="pair_safe"),
         }
 
     def to_json(self) -> dict:
+        """The `bench --json` contract (docs/benchmarks.md); KV waste as fractions."""
         return {
             "device": self.device,
             "tokens_per_s": {name: r.tokens_per_s for name, r in self.results.items()},
@@ -106,88 +95,53 @@ class BenchReport:
             "prefix_cache": self.prefix_cache,
         }
 
-    def targets(self) -> list[tuple[str, str, bool | None]]:
-        """(target, measured, met) for each of issue #7's targets; met is None when not measured."""
-        r = self.ratios()
-
-        def at_least(x: float | None, goal: float) -> tuple[str, bool | None]:
-            return ("n/a", None) if x is None else (f"{x:.2f}x", x >= goal)
-
-        return [("paged >= 4x hf one-by-one", *at_least(r["vs_hf_sequential"], 4)),
-                ("paged >= 1.5x hf padded batch", *at_least(r["vs_hf_padded"], 1.5)),
-                ("paged >= 1.0x hf generate_batch", *at_least(r["vs_hf_generate_batch"], 1.0)),
-                ("paged decode step <= 1.2x contiguous", f"{r['paged_over_contiguous_step']:.2f}x",
-                 r["paged_over_contiguous_step"] <= 1.2),
-                ("paged decode step >= 25% of the matmul roofline",
-                 *(("n/a", None) if self.roofline is None else
-                   (f"{self.roofline.decode_fraction:.0%}", self.roofline.decode_fraction >= 0.25))),
-                ("paged KV waste <= 4%", f"{self.kv['paged'].waste:.1%}", self.kv["paged"].waste <= 0.04),
-                ("safe preset >= 0.9x vulnerable", *at_least(r["safe_over_vulnerable"], 0.9)),
-                ("prefix cache >= 2x on shared system prompts",
-                 *at_least(self.prefix_cache["speedup"] if self.prefix_cache else None, 2))]
-
     def table(self) -> str:
-        """The results as markdown, ready for the README."""
-        ref = "hf_sequential" if "hf_sequential" in self.results else None
+        """The results as markdown: the systems, the KV memory, the decode step, the roofline, shared prefixes."""
         lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]
         for name, res in self.results.items():
-            vs = f"{self.speedup(ref, of=name):.2f}x" if ref else "-"
             bad = self.mismatched.get(name, [])
             same = "yes" if not bad else f"no ({self.num_requests - len(bad)}/{self.num_requests})"
-            lines.append(f"| {name} | {res.tokens_per_s:,.0f} | {vs} | {res.ttft_p50_s * 1e3:,.0f} | "
-                         f"{res.ttft_p99_s * 1e3:,.0f} | {same} |")
-        for name, why in self.unavailable.items():
-            lines.append(f"| {name} | unavailable: {why} | | | | |")
+            lines.append(f"| {name} | {res.tokens_per_s:,.0f} | {self.speedup('hf_sequential', of=name):.2f}x | "
+                         f"{res.ttft_p50_s * 1e3:,.0f} | {res.ttft_p99_s * 1e3:,.0f} | {same} |")
+        lines += [f"| {name} | unavailable: {why} | | | | |" for name, why in self.unavailable.items()]
         labels = {"paged": "paged pool: whole pages", "paged_half_pages": "paged pool, pages half as large",
                   "contiguous": "contiguous: a row of prompt + max_tokens",
                   "contiguous_window": "contiguous: a row of the context window"}
         lines += ["", "| KV cache, each request at its end | slots reserved | slots filled | waste |",
                   "| --- | ---: | ---: | ---: |"]
-        for name, use in self.kv.items():
-            lines.append(f"| {labels.get(name, name)} | {use.reserved_tokens:,} | {use.used_tokens:,} | {use.waste:.1%} |")
+        lines += [f"| {labels.get(name, name)} | {use.reserved_tokens:,} | {use.used_tokens:,} | {use.waste:.1%} |"
+                  for name, use in self.kv.items()]
         lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
-                      f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms.", ""]
+                      f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms."]
         if self.roofline is not None:
-            r = self.roofline
-            lines += [f"Roofline: the decode step does {r.decode_gflops:.1f} GFLOP/s, {r.decode_fraction:.0%} of the "
-                      f"{r.decode_matmul_gflops:.1f} GFLOP/s its linear layers reach alone (matmuls of the same shapes, "
-                      f"this run, both per second of {'CPU' if self.device.startswith('cpu') else 'wall'} time); a prefill of every prompt does {r.prefill_gflops:.1f} GFLOP/s, "
-                      f"{r.prefill_fraction:.0%} of {r.prefill_matmul_gflops:.1f}.", ""]
-        lines += [*self.prefix_table(), "| target | measured | met |", "| --- | ---: | :---: |"]
-        for target, measured, met in self.targets():
-            lines.append(f"| {target} | {measured} | {'-' if met is None else 'yes' if met else 'no'} |")
+            r, clock = self.roofline, "CPU" if self.device.startswith("cpu") else "wall"
+            lines += ["", f"Roofline: the decode step does {r.decode_gflops:.1f} GFLOP/s, {r.decode_fraction:.0%} of the "
+                          f"{r.decode_matmul_gflops:.1f} GFLOP/s its linear layers reach alone (matmuls of the same shapes, "
+                          f"this run, both per second of {clock} time); a prefill of every prompt does "
+                          f"{r.prefill_gflops:.1f} GFLOP/s, {r.prefill_fraction:.0%} of {r.prefill_matmul_gflops:.1f}."]
+        if self.prefix_cache:
+            lines += ["", "| shared-prefix workload (bench/prefix.py) | speedup over caching off | prompt tokens from "
+                          "the cache | prefill tokens saved |", "| --- | ---: | ---: | ---: |"]
+            for label, f in (("prefix caching, tenants share (cache_salt off)", self.prefix_cache),
+                             ("prefix caching, cache_salt on", self.prefix_cache["cache_salt"])):
+                lines.append(f"| {label} | {f['speedup']:.2f}x | {f['hit_rate']:.1%} | {f['prefill_tokens_saved']:,.0f} |")
         return "\n".join(lines)
 
 
-    def prefix_table(self) -> list[str]:
-        """The shared-prefix workload's lines: prefix caching on, with and without cache_salt."""
-        if not self.prefix_cache:
-            return []
-        lines = ["| shared-prefix workload (bench/prefix.py) | speedup over caching off | prompt tokens from the cache "
-                 "| prefill tokens saved |", "| --- | ---: | ---: | ---: |"]
-        for label, f in (("prefix caching, tenants share (cache_salt off)", self.prefix_cache),
-                         ("prefix caching, cache_salt on", self.prefix_cache["cache_salt"])):
-            lines.append(f"| {label} | {f['speedup']:.2f}x | {f['hit_rate']:.1%} | {f['prefill_tokens_saved']:,.0f} |")
-        return lines + [""]
-
-
 def describe_machine(device: torch.device) -> tuple[str, str]:
-    """(short device string for the JSON, a longer line for the README)."""
+    """(short device string for the JSON, a longer line for the table)."""
     import transformers
 
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:  # not Linux
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if device.type == "cuda":
-        short = f"cuda ({torch.cuda.get_device_name(device)})"
-    else:
-        short = f"cpu ({cpu}, {cores} cores, {torch.get_num_threads()} torch threads)"
-    long = (f"{short}; host CPU {cpu} ({cores} cores); torch {torch.__version__}, transformers "
-            f"{transformers.__version__}, Python {platform.python_version()}, {platform.system()}")
-    return short, long
+    short = (f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
+             f"cpu ({cpu}, {cores} cores, {torch.get_num_threads()} torch threads)")
+    return short, (f"{short}; host CPU {cpu} ({cores} cores); torch {torch.__version__}, transformers "
+                   f"{transformers.__version__}, Python {platform.python_version()}, {platform.system()}")

@@ -1,16 +1,14 @@
-"""The systems the benchmark races: transformers three ways, minikv three ways.
+"""The systems the benchmark races, each a function of the workload that returns a `Run`.
 
-Each runner takes the same workload and returns a `Run`: what every request got back and
-when its first token came, timed from the moment the whole workload is handed over until
-the last token. Setup (building an engine, starting transformers' batching thread) is not
-timed, for any system. Every runner decodes greedily, so every runner must return the same
-completions; bench.py checks that before it reports any time.
+A run is timed from the moment the whole workload is handed over until the last token; setup
+(building an engine, starting transformers' batching thread) is not timed, for any system. Every
+runner decodes greedily, so every runner must return the same completions: benchmark.py checks
+that before it reports any time.
 
-    hf_sequential       transformers `generate`, one request at a time (its default cache)
-    hf_padded           transformers `generate` on the whole batch, left-padded
+    hf_sequential       transformers `generate`, one request at a time (its default cache): the reference
     hf_generate_batch   transformers' continuous batching (the manager `generate_batch` wraps)
-    minikv_contiguous   static batch, one max-length row per request (static_batch.py beside this file)
-    minikv_paged        the paged engine (engine.py)
+    minikv_contiguous   static batch, one max-length row per request (notebook 01's contiguous cache)
+    minikv_paged        the paged engine (engine/engine.py)
     pair                the disaggregated prefill/decode pair under some safety switches
 """
 
@@ -22,27 +20,27 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 import torch
-from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import ContinuousBatchingConfig, GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
-from minikv.engine.config import EngineConfig
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
+from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.request import Request, Response
+from minikv.model.contiguous_cache import ContiguousCache
 from minikv.model.llama import Llama
-from minikv.engine.request import Request
-from minikv.bench.static_batch import generate_static_batch
 from minikv.model.tokenizer import decode, encode_text
-
-TENANT = "bench"
 
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request of the workload: a prompt and its output budget in tokens."""
+    """One request of the workload: a prompt, its output budget in tokens, and who sends it."""
 
     prompt: str
     max_tokens: int
+    tenant: str = "bench"
 
 
 @dataclass(frozen=True)
@@ -77,6 +75,11 @@ def completion(tokenizer: PreTrainedTokenizerBase, ids: list[int], max_tokens: i
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> list[list[int]]:
     return [encode_text(tokenizer, r.prompt) for r in workload]
+
+
+def pages_to_hold(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], page_size: int) -> int:
+    """Pages that hold every request at its longest at once: a pool that never has to preempt."""
+    return sum(-(-(len(p) + r.max_tokens) // page_size) for p, r in zip(prompt_ids(tokenizer, workload), workload))
 
 
 # -- transformers -----------------------------------------------------------------------------
@@ -116,46 +119,15 @@ def hf_sequential(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work
 
 
 @torch.inference_mode()
-def hf_padded(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> Run:
-    """`generate` on the whole batch: prompts left-padded to the longest, every row runs to the longest budget."""
-    start = time.perf_counter()
-    prompts = prompt_ids(tokenizer, workload)
-    width = max(len(p) for p in prompts)
-    x = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts], device=hf.device)  # (B, T)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)  # (B, T)
-    clock = FirstTokenClock()
-    out = hf.generate(x, attention_mask=mask, streamer=clock,
-                      generation_config=greedy_config(tokenizer, max(r.max_tokens for r in workload)))
-    completions = [completion(tokenizer, row[width:].tolist(), r.max_tokens) for row, r in zip(out, workload)]
-    return Run(completions, [clock.first_token_at - start] * len(workload), time.perf_counter() - start)
-
-
-def hf_generate_batch_problem(hf: LlamaForCausalLM) -> str | None:
-    """Why transformers' continuous batching cannot run here, or None."""
-    if not hasattr(hf, "generate_batch") or not hasattr(hf, "continuous_batching_context_manager"):
-        import transformers
-
-        return f"transformers {transformers.__version__} has no generate_batch (continuous batching came in 4.56)"
-    return None
-
-
-@torch.inference_mode()
 def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                       page_size: int = 16) -> Run:
-    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request.
-
-    `generate_batch` gives every request the same max_new_tokens; the manager underneath takes
-    one per request, as the other systems do. Its KV cache is sized for the workload (on a CPU
-    it would ask psutil), and prefix sharing is off (minikv has none). The clock starts once
-    the manager's thread runs and stops before it is shut down: an engine's construction is not
-    timed either. A fresh manager each run: a cached one keeps the size of its first workload.
-    """
-    from transformers import ContinuousBatchingConfig
-
+    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request (it
+    takes a max_new_tokens per request, `generate_batch` one for all). Its KV cache is sized for the
+    workload (on a CPU it would ask psutil), prefix sharing is off, and the clock runs only while its
+    thread does. A fresh manager each run: a cached one keeps the size of its first workload."""
     prompts = prompt_ids(tokenizer, workload)
-    pages = sum(-(-(len(p) + r.max_tokens) // page_size) for p, r in zip(prompts, workload))
-    cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages + len(workload),
-                                         max_batch_tokens=2048, allow_block_sharing=False)
+    cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages_to_hold(tokenizer, workload, page_size)
+                                         + len(workload), max_batch_tokens=2048, allow_block_sharing=False)
     gen_config = greedy_config(tokenizer, max(r.max_tokens for r in workload))
     quiet = logging.getLogger("ContinuousBatchingLogger")
     level, quiet.level = quiet.level, logging.CRITICAL  # it logs an error on every CPU start: "no psutil"
@@ -179,24 +151,52 @@ def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, 
         quiet.level = level
     outs = [results[i] for i in request_ids]
     completions = [completion(tokenizer, o.generated_tokens, r.max_tokens) for o, r in zip(outs, workload)]
-    ttft = [o.timestamps[0] - start if o.timestamps else wall for o in outs]
-    return Run(completions, ttft, wall)
+    return Run(completions, [o.timestamps[0] - start if o.timestamps else wall for o in outs], wall)
 
 
 # -- minikv ----------------------------------------------------------------------------------
-def pages_to_hold(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], page_size: int) -> int:
-    """Pages that hold every request at its longest at once: a pool that never has to preempt."""
-    return sum(-(-(len(p) + r.max_tokens) // page_size) for p, r in zip(prompt_ids(tokenizer, workload), workload))
-
-
+@torch.inference_mode()
 def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> Run:
-    """Static batch over a contiguous cache: one row of the longest length per request."""
-    start = time.perf_counter()
-    result = generate_static_batch(model, prompt_ids(tokenizer, workload), [r.max_tokens for r in workload],
-                                   tokenizer.eos_token_id)
+    """Static batching over a contiguous cache, the serving engine *before* page pools: every request holds a
+    row as long as the longest could get (prompt + max_tokens) until the whole batch ends. Each prompt is
+    prefilled on its own, then every unfinished row decodes one token per step."""
+    start, device = time.perf_counter(), model.device
+    prompts, budgets = prompt_ids(tokenizer, workload), [r.max_tokens for r in workload]
+    cache = ContiguousCache(model.config, len(prompts), max(len(p) + m for p, m in zip(prompts, budgets)), device,
+                            model.dtype)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    first_token_s = [0.0] * len(prompts)
+    for r, prompt in enumerate(prompts):  # prefill: one request at a time, so no row needs padding
+        step = cache.step([r], len(prompt))
+        x = torch.tensor([prompt], device=device)  # (1, T)
+        logits = model(x, cache.positions([r], len(prompt)).to(device), step)  # (1, T, V)
+        step.commit()
+        outputs[r].append(int(logits[0, -1].argmax()))
+        first_token_s[r] = time.perf_counter() - start
+    live = range(len(prompts))
+    while live := [r for r in live if outputs[r][-1] != tokenizer.eos_token_id and len(outputs[r]) < budgets[r]]:
+        step = cache.step(live, 1)  # decode: one token for every unfinished row
+        x = torch.tensor([[outputs[r][-1]] for r in live], device=device)  # (B, 1)
+        logits = model(x, cache.positions(live, 1).to(device), step)  # (B, 1, V)
+        step.commit()
+        for r, nxt in zip(live, logits[:, -1].argmax(-1).tolist()):
+            outputs[r].append(nxt)
     wall = time.perf_counter() - start
-    completions = [completion(tokenizer, ids, r.max_tokens) for ids, r in zip(result.output_ids, workload)]
-    return Run(completions, result.first_token_s, wall)
+    return Run([completion(tokenizer, ids, m) for ids, m in zip(outputs, budgets)], first_token_s, wall)
+
+
+def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> tuple[Run, list[Response]]:
+    """Hand a front door the whole workload at once and run it to the end; every answer must be a 200."""
+    start = time.perf_counter()
+    ids = [door.submit(Request(r.prompt, r.tenant, r.max_tokens)) for r in workload]
+    answered = {r.request_id: r for r in door.run()}
+    wall = time.perf_counter() - start
+    responses = [answered[i] for i in ids]
+    bad = [r for r in responses if r.status != HTTPStatus.OK]
+    if bad:
+        raise RuntimeError(f"{type(door).__name__} answered {bad[0].status} to a benchmark request: {bad[0].error}")
+    completions = [Completion(r.text, r.usage.completion_tokens) for r in responses]
+    return Run(completions, [r.ttft_s for r in responses], wall), responses
 
 
 def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
@@ -204,39 +204,15 @@ def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: lis
     """The paged engine, with audit and event log off, and a pool that holds the whole workload."""
     config = EngineConfig(page_size=page_size, num_pages=pages_to_hold(tokenizer, workload, page_size),
                           audit=False, event_log=False)
-    engine = Engine(model, tokenizer, config, scrub_on_free=scrub_on_free)
-    start = time.perf_counter()
-    ids = [engine.submit(Request(r.prompt, TENANT, r.max_tokens)) for r in workload]
-    seqs = [engine.seqs[i] for i in ids]  # held here: the engine forgets a request once it is answered
-    engine.run()
-    wall = time.perf_counter() - start
-    completions = [completion(tokenizer, s.output_ids, s.max_tokens) for s in seqs]
-    return Run(completions, [s.arrival_s - start + s.first_token_s for s in seqs], wall)
-
-
-def pair_config(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], page_size: int = 16) -> ClusterConfig:
-    """A pair whose pools fit the workload and the whole context window (so startup_check passes).
-
-    The fabric moves 64 pages a tick: a real RDMA link carries a prompt's KV in well under one
-    engine step. The incident's slow fabric (1 page a tick) would time long transfers out
-    under the vulnerable preset, which is the late-write lesson, not a throughput figure.
-    """
-    return ClusterConfig(page_size=page_size, prefill_pages=128,
-                         decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
-                         transfer_pages_per_tick=64, audit=False, event_log=False)
+    return serve_all(Engine(model, tokenizer, config, scrub_on_free=scrub_on_free), workload)[0]
 
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
          switches: SafetySwitches, page_size: int = 16) -> Run:
-    """The disaggregated pair behind its front door, under `switches`."""
-    cluster = Cluster(model, tokenizer, pair_config(tokenizer, workload, page_size), switches)
-    start = time.perf_counter()
-    ids = [cluster.submit(Request(r.prompt, TENANT, r.max_tokens)) for r in workload]
-    answered = {r.request_id: r for r in cluster.run()}
-    wall = time.perf_counter() - start
-    responses = [answered[i] for i in ids]
-    bad = [r for r in responses if r.status != HTTPStatus.OK]
-    if bad:
-        raise RuntimeError(f"the pair answered {bad[0].status} to a benchmark request: {bad[0].error}")
-    completions = [Completion(r.text, r.usage.completion_tokens) for r in responses]
-    return Run(completions, [r.ttft_s for r in responses], wall)
+    """The disaggregated pair behind its front door, under `switches`. Its pools fit the workload and the
+    context window (so startup_check passes); the fabric moves 64 pages a tick, as a real RDMA link carries
+    a prompt's KV within an engine step (the incident's 1 page a tick is the late-write lesson, not a figure)."""
+    config = ClusterConfig(page_size=page_size, prefill_pages=128,
+                           decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
+                           transfer_pages_per_tick=64, audit=False, event_log=False)
+    return serve_all(Cluster(model, tokenizer, config, switches), workload)[0]

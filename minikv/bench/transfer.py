@@ -1,9 +1,8 @@
 """The distributed KV transfer measured over loopback, and the harness that runs a bare pair.
 
 `run_pair(worker, args, timeout_s)` spawns rank 0 (prefill, the sender) and rank 1 (decode, the
-receiver) with torch.multiprocessing, gives each a process group over loopback (gloo) and the
-bootstrap `TCPStore`, and kills both if they are not done within `timeout_s`, so a lost message
-can never hang the caller. Each worker returns a dict, saved to a file the parent reads back
+receiver), each with a gloo process group over loopback and the bootstrap `TCPStore`, and kills
+both past `timeout_s`, so a lost message never hangs the caller; each worker's dict comes back
 (tests/test_transfer_protocol.py drives the protocol through it).
 
     python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
@@ -77,44 +76,36 @@ def make_pool(config: ModelConfig, num_pages: int, page_size: int) -> tuple[Page
     return PagePool(config, num_pages, page_size), OwnershipAudit(num_pages * page_size, page_size, "node")
 
 
-def transfer_one_room(manager: DistKVManager, room: int, pages: list[int], deadline: float,
-                      shipment: Shipment | None = None) -> KVPoll:
-    """Carry one room through the protocol on this side, with the endpoints of transfer.py."""
-    if manager.side == "sender":
-        endpoint = KVSender(manager, room)
-        wait_for(lambda: endpoint.poll() is KVPoll.WaitingForInput, deadline, f"room {room}'s destination pages")
-        endpoint.init(len(pages))
-        endpoint.send(pages, shipment)
-    else:
-        endpoint = KVReceiver(manager, room)
-        endpoint.send_metadata(pages)
-
-    def done() -> bool:
-        manager.land_due()
-        return endpoint.poll() in (KVPoll.Success, KVPoll.Failed)
-
-    wait_for(done, deadline, f"room {room} to finish")
-    state = endpoint.poll()
-    endpoint.close()
-    return state
-
-
 BENCH_CONFIG = ModelConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
                            num_kv_heads=2, head_dim=64, max_position_embeddings=256)
 
 
 def _throughput_worker(rank: int, store: dist.Store, deadline: float, args: tuple) -> dict:
+    """Carry `rooms` rooms of `pages_per_room` pages each through the protocol, one after another."""
     pages_per_room, rooms, page_size = args
     pool, audit = make_pool(BENCH_CONFIG, pages_per_room, page_size)
-    side = "sender" if rank == PREFILL_RANK else "receiver"
-    manager = DistKVManager(side, pool, audit, store, peer=1 - rank)
-    pages = list(range(pages_per_room))
-    shipment = Shipment(pages_per_room * page_size, 0, None)
+    manager = DistKVManager("sender" if rank == PREFILL_RANK else "receiver", pool, audit, store, peer=1 - rank)
+    pages, shipment = list(range(pages_per_room)), Shipment(pages_per_room * page_size, 0, None)
     dist.barrier()
     start = time.perf_counter()
     for room in range(rooms):
         manager.open_room(room, f"r{room}", "t", uid=room + 1)
-        assert transfer_one_room(manager, room, pages, deadline, shipment) is KVPoll.Success
+        if rank == PREFILL_RANK:
+            endpoint: KVSender | KVReceiver = KVSender(manager, room)
+            wait_for(lambda: endpoint.poll() is KVPoll.WaitingForInput, deadline, f"room {room}'s destination pages")
+            endpoint.init(len(pages))
+            endpoint.send(pages, shipment)
+        else:
+            endpoint = KVReceiver(manager, room)
+            endpoint.send_metadata(pages)
+
+        def finished() -> bool:
+            manager.land_due()
+            return endpoint.poll() in (KVPoll.Success, KVPoll.Failed)
+
+        wait_for(finished, deadline, f"room {room} to finish")
+        assert endpoint.poll() is KVPoll.Success
+        endpoint.close()
     return {"seconds": time.perf_counter() - start}
 
 
@@ -141,19 +132,18 @@ def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
 
     model, tokenizer = load_model(device="cpu")
     config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches()
-    prompts = [(f"tenant-{i % 3}", f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4))
-               for i in range(num_requests)]
-    medians = {}
+    result = {"requests": num_requests, "max_tokens": max_tokens}
     for name, door in (("in_process", lambda: Cluster(model, tokenizer, config, switches)),
                        ("dist_cluster", lambda: DistCluster(tokenizer, config, switches))):
         pair = door()
         try:
-            for tenant, prompt in prompts:
-                pair.submit(Request(prompt, tenant, max_tokens))
-            medians[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(r.ttft_s for r in pair.run()), 2)
+            for i in range(num_requests):
+                prompt = f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4)
+                pair.submit(Request(prompt, f"tenant-{i % 3}", max_tokens))
+            result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(r.ttft_s for r in pair.run()), 2)
         finally:
             pair.close()
-    return {"requests": num_requests, "max_tokens": max_tokens, **medians}
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

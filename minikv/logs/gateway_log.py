@@ -1,12 +1,10 @@
 """The gateway log: what a customer holds of every call, how minikv reads it, and a synthetic one.
 
 A gateway (the proxy a customer puts in front of an inference API) writes one JSON object per
-call: when, which account, which model, tokens in and out, the time to the first token, the
-HTTP status and the reply. It is the only record a customer has of what the service did, so
-detection starts here (notebook 08). `iter_log` reads a log (a file or stdin, plain or gzip)
-one line at a time and never raises on a bad line; `line_reader.py` turns the bytes into lines and
-`timestamp.py` reads the timestamps the same way on every Python. `write_gateway_log` writes a fictional customer's August and
-September 2026 from a seed, with the incident inside it (the traffic model is at the bottom).
+call: the only record a customer has of what the service did, so detection starts here
+(notebook 08). `iter_log` streams a log and never raises on a bad line (`line_reader.py` makes
+the lines, `timestamp.py` reads the times); `write_gateway_log` writes a fictional customer's
+August and September 2026 from a seed, with the incident inside it.
 """
 
 from __future__ import annotations
@@ -36,18 +34,11 @@ INCIDENT_LAST_DAY = date(2026, 9, 9)  # window end, UTC, inclusive
 PREFILL_POOL_TOKENS = 681_280  # every affected call's prompt was longer than this
 CONTEXT_WINDOW_TOKENS = 1_048_576  # what the model was advertised to accept
 
-# Field -> the JSON types it may hold. bool is excluded by hand: JSON true is not a count.
+# Field -> the JSON types it may hold, in the order a gateway writes them. A count may be a float only
+# when whole (some writers emit 681281.0); bool is refused by hand: JSON true is not a count.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "timestamp": (str,),
-    "request_id": (str,),
-    "account": (str,),
-    "model": (str,),
-    "prompt_tokens": (int, float),  # a float only when whole: some writers emit 681281.0
-    "completion_tokens": (int, float),
-    "ttft_ms": (int, float),
-    "status": (int,),
-    "response_text": (str,),
-}
+    "timestamp": (str,), "request_id": (str,), "account": (str,), "model": (str,), "prompt_tokens": (int, float),
+    "completion_tokens": (int, float), "ttft_ms": (int, float), "status": (int,), "response_text": (str,)}
 COUNT_FIELDS = ("prompt_tokens", "completion_tokens")
 SHIPPED_LOG = Path(__file__).resolve().parents[2] / "data" / "gateway_logs.jsonl.gz"  # seed 0, 40,000 rows
 MAX_COUNT = 2**53  # token counts past this would lose precision as floats
@@ -82,8 +73,7 @@ def _field_error(name: str, value: object) -> str | None:
     """Why `value` cannot be field `name`, or None when it can."""
     types = FIELD_TYPES[name]
     if isinstance(value, bool) or not isinstance(value, types):
-        want = "an integer" if name in COUNT_FIELDS else "a number" if float in types else \
-            {str: "a string", int: "an integer"}[types[0]]
+        want = "an integer" if name in COUNT_FIELDS else {str: "a string", int: "an integer", float: "a number"}[types[-1]]
         return f"field {name!r} should be {want}, got {type(value).__name__}"
     if name in COUNT_FIELDS and isinstance(value, float) and not value.is_integer():
         return f"field {name!r} should be a whole number, got {str(value)[:20]}"
@@ -144,10 +134,9 @@ def parse_lines(lines: Iterable[bytes | str | OverlongLine]) -> Iterator[Gateway
 
 
 def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
-    """Stream a log's records and malformed lines (`path` '-' is stdin).
+    """Stream a log's records and malformed lines (`path` '-' is stdin, plain or gzip).
 
-    Raises LogReadError when the log cannot be opened, and TruncatedLog (a LogReadError) after
-    the last readable line when it breaks off part way.
+    Raises LogReadError when the log cannot be opened, TruncatedLog after the last line it could read.
     """
     with open_log(path) as stream:
         yield from parse_lines(read_lines(stream, source_name(path)))
@@ -250,20 +239,14 @@ def simulate_call(rng: random.Random, when: datetime, model: ModelProfile, accou
         if 100_000 <= prompt_tokens <= 400_000 and rng.random() < 0.25:  # same bundle, next question
             uncached = int(prompt_tokens * rng.uniform(0.02, 0.1))
         ttft_ms = base_ms + 1000 * uncached / rng.uniform(*model.prefill_tokens_per_s)
-    return {
-        "timestamp": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "request_id": f"req_{rng.getrandbits(64):016x}",
-        "account": account,
-        "model": model.name,
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "ttft_ms": round(ttft_ms, 1),
-        "status": int(status),
-        "response_text": "" if account == BODILESS_ACCOUNT else text,
-    }
+    return {"timestamp": when.strftime("%Y-%m-%dT%H:%M:%SZ"), "request_id": f"req_{rng.getrandbits(64):016x}",
+            "account": account, "model": model.name, "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "ttft_ms": round(ttft_ms, 1), "status": int(status),
+            "response_text": "" if account == BODILESS_ACCOUNT else text}
 
 
 def _ordinary_call(rng: random.Random, when: datetime) -> dict:
+    """One call of the customer's everyday traffic."""
     model = rng.choices(MODELS, MODEL_WEIGHTS)[0]
     account = rng.choices(ACCOUNTS, ACCOUNT_WEIGHTS)[0]
     if rng.random() < model.long_share:
@@ -327,14 +310,12 @@ def write_gateway_log(path: str | Path, rows: int = DEFAULT_ROWS, seed: int = 0)
 
     The same seed gives the same bytes: the gzip header carries no time and no file name.
     """
-    path = Path(path)
+    path, written = Path(path), 0
     with open(path, "wb") as raw:
         gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else None
-        with io.TextIOWrapper(gz or raw, encoding="utf-8", newline="\n") as out:
-            written = 0
-            for line in generate_rows(rows, seed):
+        with io.TextIOWrapper(gz or raw, encoding="utf-8", newline="\n") as out:  # the gzip bytes depend on these writes
+            for written, line in enumerate(generate_rows(rows, seed), start=1):
                 out.write(line + "\n")
-                written += 1
     return written
 
 

@@ -2,12 +2,10 @@
 
 The checklist (docs/incident.md, steps 1 and 2) *defines* affected: calls to one model, on a UTC day
 inside the window (both ends included), whose `prompt_tokens` are strictly above the prefill
-pool's 681,280. Two signals look at every row, affected or not: a first token too soon for the
-prompt's size (the leak's only outward tell) and text in the reply shaped like someone's secret.
-A signal is a lead for a person to follow; the checklist is the answer. The scan reads one line
-at a time, so memory stays flat however long the log is: only findings are kept, and of the
-malformed lines only the first MAX_MALFORMED_KEPT (the rest are counted). A log that breaks off
-part way is scanned up to the break, and the result says where it stopped.
+pool's 681,280. Two signals look at every row: a first token too soon for the prompt's size (the
+leak's only outward tell) and text in the reply shaped like someone's secret. A signal is a lead
+for a person to follow; the checklist is the answer. The scan streams, so memory stays flat: only
+findings are kept, and of the malformed lines only the first MAX_MALFORMED_KEPT.
 """
 
 from __future__ import annotations
@@ -24,15 +22,8 @@ from datetime import date
 from http import HTTPStatus
 from pathlib import Path
 
-from minikv.logs.gateway_log import (
-    INCIDENT_FIRST_DAY,
-    INCIDENT_LAST_DAY,
-    INCIDENT_MODEL,
-    PREFILL_POOL_TOKENS,
-    GatewayRecord,
-    MalformedLine,
-    iter_log,
-)
+from minikv.logs.gateway_log import (INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, INCIDENT_MODEL, PREFILL_POOL_TOKENS,
+                                     GatewayRecord, MalformedLine, iter_log)
 from minikv.logs.line_reader import LogReadError, TruncatedLog, source_name
 from minikv.logs.luhn import luhn_ok
 
@@ -66,11 +57,8 @@ class Checklist:
 
     def matches(self, record: GatewayRecord) -> bool:
         """Is this call in the checklist's set? (its timestamp is already in UTC)"""
-        return (
-            record.model == self.model
-            and self.first_day <= record.timestamp.date() <= self.last_day
-            and record.prompt_tokens > self.min_prompt_tokens
-        )
+        return (record.model == self.model and self.first_day <= record.timestamp.date() <= self.last_day
+                and record.prompt_tokens > self.min_prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -117,13 +105,9 @@ def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]
 
 def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
     """Every warning sign this row shows, in a fixed order; empty when it shows none."""
-    reasons = []
     rate = implied_prefill_rate(record)
-    if rate is not None and rate > signals.max_prefill_tokens_per_s:
-        reasons.append("ttft_anomaly")
-    if record.response_text:
-        reasons += secret_shapes(record.response_text, signals.compiled)
-    return reasons
+    reasons = ["ttft_anomaly"] if rate is not None and rate > signals.max_prefill_tokens_per_s else []
+    return reasons + (secret_shapes(record.response_text, signals.compiled) if record.response_text else [])
 
 
 @dataclass(frozen=True)
@@ -152,30 +136,22 @@ class ScanResult:
         return [r.request_id for r in self.affected]
 
     def to_json(self) -> dict:
-        """The `--json` shape: scanned, malformed (the first ones kept), affected (request ids),
-        flags, malformed_count (all of them), read_error (null when the log was read to its end)."""
-        return {
-            "scanned": self.scanned,
-            "malformed": [{"line": m.line, "error": m.error} for m in self.malformed],
-            "affected": self.affected_ids,
-            "flags": [{"request_id": f.record.request_id, "reasons": f.reasons} for f in self.flags],
-            "malformed_count": self.malformed_count,
-            "read_error": self.read_error,
-        }
+        """The `--json` shape (malformed: the first ones kept; read_error: null when read to the end)."""
+        return {"scanned": self.scanned, "malformed": [{"line": m.line, "error": m.error} for m in self.malformed],
+                "affected": self.affected_ids,
+                "flags": [{"request_id": f.record.request_id, "reasons": f.reasons} for f in self.flags],
+                "malformed_count": self.malformed_count, "read_error": self.read_error}
 
     def zone_note(self) -> str | None:
+        """The note that timestamps without a zone were read as UTC, or None."""
         if not self.zoneless:
             return None
         had = "1 timestamp had" if self.zoneless == 1 else f"{self.zoneless:,} timestamps had"
         return f"note: {had} no time zone; read as UTC (first at line {self.first_zoneless_line})"
 
 
-def scan_records(
-    items: Iterable[GatewayRecord | MalformedLine],
-    checklist: Checklist = Checklist(),
-    signals: Signals = Signals(),
-    max_malformed_kept: int = MAX_MALFORMED_KEPT,
-) -> ScanResult:
+def scan_records(items: Iterable[GatewayRecord | MalformedLine], checklist: Checklist = Checklist(),
+                 signals: Signals = Signals(), max_malformed_kept: int = MAX_MALFORMED_KEPT) -> ScanResult:
     """Apply the checklist and the signals to a stream of parsed lines.
 
     A stream that breaks off (TruncatedLog) ends the scan: what was read stays in the result,
@@ -184,64 +160,47 @@ def scan_records(
     result = ScanResult()
     try:
         for item in items:
-            _scan_one(result, item, checklist, signals, max_malformed_kept)
+            result.scanned += 1
+            if isinstance(item, MalformedLine):
+                result.malformed_count += 1
+                if len(result.malformed) < max_malformed_kept:
+                    result.malformed.append(item)
+                continue
+            if item.zone_assumed:
+                result.zoneless += 1
+                result.first_zoneless_line = result.first_zoneless_line or item.line
+            if checklist.matches(item):
+                result.affected.append(item)
+            if reasons := flag_reasons(item, signals):
+                result.flags.append(Flag(item, reasons))
     except TruncatedLog as e:
         result.read_error = str(e)
     return result
 
 
-def _scan_one(result: ScanResult, item: GatewayRecord | MalformedLine, checklist: Checklist,
-              signals: Signals, max_malformed_kept: int) -> None:
-    result.scanned += 1
-    if isinstance(item, MalformedLine):
-        result.malformed_count += 1
-        if len(result.malformed) < max_malformed_kept:
-            result.malformed.append(item)
-        return
-    if item.zone_assumed:
-        result.zoneless += 1
-        result.first_zoneless_line = result.first_zoneless_line or item.line
-    if checklist.matches(item):
-        result.affected.append(item)
-    reasons = flag_reasons(item, signals)
-    if reasons:
-        result.flags.append(Flag(item, reasons))
-
-
 def scan_log(path: str | Path, checklist: Checklist = Checklist(), signals: Signals = Signals()) -> ScanResult:
-    """Scan a log (a file or '-' for stdin, plain or gzip) line by line.
-
-    Raises LogReadError if the log cannot be opened; one that breaks off part way is scanned
-    up to the break and its `read_error` set.
-    """
+    """Scan a log (a file or '-' for stdin, plain or gzip); raises LogReadError if it cannot be opened."""
     return scan_records(iter_log(path), checklist, signals)
 
 
 def format_report(result: ScanResult, checklist: Checklist, signals: Signals, source: str) -> str:
     """The plain-text report `scan-logs` prints."""
     ok = result.scanned - result.malformed_count
-    lines = [
-        f"Scanned {result.scanned:,} lines of {source}: {ok:,} records, {result.malformed_count:,} malformed.",
-        f"Checklist: model {checklist.model}, UTC days {checklist.first_day} to {checklist.last_day}"
-        f" (both included), prompt_tokens above {checklist.min_prompt_tokens:,}.",
-        f"Affected (the checklist's set): {len(result.affected):,} calls",
-    ]
-    for r in result.affected:
-        lines.append(
-            f"  line {r.line}  {r.timestamp:%Y-%m-%dT%H:%M:%SZ}  {r.request_id}  {r.account}"
-            f"  prompt_tokens={r.prompt_tokens:,}  ttft_ms={r.ttft_ms:,.1f}  status={r.status}"
-        )
-    lines.append(
-        f"Flagged by the signals: {len(result.flags):,} rows"
-        f" (prefill ceiling {signals.max_prefill_tokens_per_s:,.0f} tokens/s; secret-shaped text)"
-    )
+    lines = [f"Scanned {result.scanned:,} lines of {source}: {ok:,} records, {result.malformed_count:,} malformed.",
+             f"Checklist: model {checklist.model}, UTC days {checklist.first_day} to {checklist.last_day}"
+             f" (both included), prompt_tokens above {checklist.min_prompt_tokens:,}.",
+             f"Affected (the checklist's set): {len(result.affected):,} calls"]
+    lines += [f"  line {r.line}  {r.timestamp:%Y-%m-%dT%H:%M:%SZ}  {r.request_id}  {r.account}  prompt_tokens="
+              f"{r.prompt_tokens:,}  ttft_ms={r.ttft_ms:,.1f}  status={r.status}" for r in result.affected]
+    lines.append(f"Flagged by the signals: {len(result.flags):,} rows"
+                 f" (prefill ceiling {signals.max_prefill_tokens_per_s:,.0f} tokens/s; secret-shaped text)")
     lines += [f"  line {f.record.line}  {f.record.request_id}  {', '.join(f.reasons)}" for f in result.flags]
     if result.malformed:
         lines.append("Malformed lines (skipped):")
         lines += [f"  line {m.line}: {m.error}" for m in result.malformed[:MAX_MALFORMED_SHOWN]]
         if result.malformed_count > MAX_MALFORMED_SHOWN:
-            listed = f"--json lists the first {len(result.malformed):,}"
-            lines.append(f"  ... and {result.malformed_count - MAX_MALFORMED_SHOWN:,} more ({listed})")
+            lines.append(f"  ... and {result.malformed_count - MAX_MALFORMED_SHOWN:,} more"
+                         f" (--json lists the first {len(result.malformed):,})")
     if result.zone_note():
         lines.append(result.zone_note())
     if result.read_error:
@@ -250,18 +209,18 @@ def format_report(result: ScanResult, checklist: Checklist, signals: Signals, so
 
 
 def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
-    """`scan-logs FILE [--model M] [--since DATE] [--until DATE] [--min-prompt-tokens N] ...`.
-
-    Values stay strings here; `run_scan_logs` checks them and answers in one line.
-    """
-    parser.add_argument("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip; - reads stdin")
-    parser.add_argument("--model", default=INCIDENT_MODEL, help="model id (default %(default)s)")
-    parser.add_argument("--since", default=str(INCIDENT_FIRST_DAY), metavar="DATE", help="first UTC day, YYYY-MM-DD (default %(default)s)")
-    parser.add_argument("--until", default=str(INCIDENT_LAST_DAY), metavar="DATE", help="last UTC day, included (default %(default)s)")
-    parser.add_argument("--min-prompt-tokens", default=str(PREFILL_POOL_TOKENS), metavar="N", help="affected means prompt_tokens strictly above N (default %(default)s)")
-    parser.add_argument("--max-prefill-rate", default=str(int(DEFAULT_MAX_PREFILL_TOKENS_PER_S)), metavar="TOKENS_PER_S", help="flag replies faster than this prompt tokens per second of TTFT (default %(default)s)")
-    parser.add_argument("--pattern", action="append", default=[], metavar="REGEX", help="also flag replies matching REGEX (repeatable)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+    """`scan-logs FILE [options]`. Values stay strings here; `run_scan_logs` checks them and answers in one line."""
+    add = parser.add_argument
+    add("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip; - reads stdin")
+    add("--model", default=INCIDENT_MODEL, help="model id (default %(default)s)")
+    add("--since", default=str(INCIDENT_FIRST_DAY), metavar="DATE", help="first UTC day, YYYY-MM-DD (default %(default)s)")
+    add("--until", default=str(INCIDENT_LAST_DAY), metavar="DATE", help="last UTC day, included (default %(default)s)")
+    add("--min-prompt-tokens", default=str(PREFILL_POOL_TOKENS), metavar="N",
+        help="affected means prompt_tokens strictly above N (default %(default)s)")
+    add("--max-prefill-rate", default=str(int(DEFAULT_MAX_PREFILL_TOKENS_PER_S)), metavar="TOKENS_PER_S",
+        help="flag replies faster than this prompt tokens per second of TTFT (default %(default)s)")
+    add("--pattern", action="append", default=[], metavar="REGEX", help="also flag replies matching REGEX (repeatable)")
+    add("--json", action="store_true", help="print one JSON object instead of the text report")
 
 
 def _day(option: str, text: str) -> date:
@@ -271,23 +230,18 @@ def _day(option: str, text: str) -> date:
         raise ValueError(f"{option} {text!r} is not a date: want YYYY-MM-DD, e.g. 2026-08-27") from None
 
 
-def _number(option: str, text: str, kind: type) -> float:
+def _number(option: str, text: str, kind: type[int] | type[float]) -> int | float:
     try:
-        return kind(text.replace(",", "").replace("_", ""))
+        return kind(text.replace(",", "").replace("_", ""))  # 100,000 and 100_000 are numbers too
     except ValueError:
         raise ValueError(f"{option} {text!r} is not {'a whole' if kind is int else 'a'} number") from None
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[Checklist, Signals]:
     """The checklist and signals the command line asks for; ValueError with a message if bad."""
-    checklist = Checklist(
-        model=args.model,
-        first_day=_day("--since", args.since),
-        last_day=_day("--until", args.until),
-        min_prompt_tokens=int(_number("--min-prompt-tokens", args.min_prompt_tokens, int)),
-    )
-    signals = Signals(_number("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
-    return checklist, signals
+    checklist = Checklist(args.model, _day("--since", args.since), _day("--until", args.until),
+                          _number("--min-prompt-tokens", args.min_prompt_tokens, int))
+    return checklist, Signals(_number("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
 
 
 def _print(text: str, stream=None) -> None:

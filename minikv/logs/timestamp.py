@@ -20,26 +20,21 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta, timezone
 
-_FRACTION = r"(?:[.,](?P<fraction>[0-9]{1,9}))?"
-_EXTENDED = re.compile(
-    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})[Tt ]"
-    r"(?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})(?::(?P<second>[0-9]{2})" + _FRACTION + r")?"
-    r"(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<off_h>[0-9]{2})(?::?(?P<off_m>[0-9]{2}))?)?"
-)
-_BASIC = re.compile(
-    r"(?P<year>[0-9]{4})(?P<month>[0-9]{2})(?P<day>[0-9]{2})[Tt]"
-    r"(?P<hour>[0-9]{2})(?P<minute>[0-9]{2})(?:(?P<second>[0-9]{2})" + _FRACTION + r")?"
-    r"(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<off_h>[0-9]{2})(?P<off_m>[0-9]{2})?)?"
-)
+# The extended and the basic form differ only in their separators: date, date-time, time, offset.
+_FORMS = [re.compile(
+    rf"(?P<year>[0-9]{{4}}){d}(?P<month>[0-9]{{2}}){d}(?P<day>[0-9]{{2}}){t}"
+    rf"(?P<hour>[0-9]{{2}}){c}(?P<minute>[0-9]{{2}})(?:{c}(?P<second>[0-9]{{2}})(?:[.,](?P<fraction>[0-9]{{1,9}}))?)?"
+    rf"(?:(?P<utc>[Zz])|(?P<sign>[+-])(?P<off_h>[0-9]{{2}})(?:{o}(?P<off_m>[0-9]{{2}}))?)?"
+) for d, t, c, o in (("-", "[Tt ]", ":", ":?"), ("", "[Tt]", "", ""))]
 
 
 def parse_timestamp(text: str) -> tuple[datetime, bool]:
     """ISO 8601 text -> (aware UTC datetime, True when the text had no zone and UTC was assumed).
 
-    Raises ValueError for anything outside the forms in the module docstring, and
-    OverflowError when the offset moves the time outside years 1 to 9999.
+    Raises ValueError for anything outside the forms above, and OverflowError when the offset
+    moves the time outside years 1 to 9999.
     """
-    match = _EXTENDED.fullmatch(text) or _BASIC.fullmatch(text)
+    match = _FORMS[0].fullmatch(text) or _FORMS[1].fullmatch(text)
     if match is None:
         raise ValueError(f"not an ISO 8601 date and time: {text[:40]!r}")
     year, month, day, hour, minute, second, fraction, utc, sign, off_h, off_m = match.groups()

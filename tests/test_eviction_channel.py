@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from minikv.attacks.eviction import filler, prime_and_probe
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.request import Request
@@ -21,22 +22,6 @@ from minikv.serve.engine_loop import build_backend
 
 SAFE = SafetySwitches.preset("safe")
 WITHOUT_PARTITION = SAFE.with_switches(disable=["cache_partition"])
-
-
-def letters(rng: random.Random, chars: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(chars - 1)) + "\n"
-
-
-def prime_and_probe(door, a_repeats: bool, b_prompts: int = 7, chars: int = 496) -> list[int]:
-    """B's cached_tokens for each of its prompts, re-sent after A's two prompts (the second a repeat or fresh)."""
-    rng = random.Random(0)
-    mine = [letters(rng, chars) for _ in range(b_prompts)]
-    first, fresh = letters(rng, chars), letters(rng, chars)
-    for prompt in mine:  # prime: B's pages parked in the pool, oldest first
-        door.generate([prompt], max_tokens=1, tenant="bob")
-    door.generate([first], max_tokens=1, tenant="alice")
-    door.generate([first if a_repeats else fresh], max_tokens=1, tenant="alice")
-    return [door.generate([prompt], max_tokens=1, tenant="bob")[0].usage.cached_tokens for prompt in mine]
 
 
 def single(tiny, switches: SafetySwitches):
@@ -70,7 +55,7 @@ def test_partitioned_pools_stay_whole_and_starve_nobody(tiny):
     consistent: a request takes others' parked pages only when nothing is held (nothing else would free one)."""
     door = build_backend(*tiny, SAFE, disagg=False, context_len=None, num_pages=96, tenants=2)
     rng = random.Random(1)
-    ids = [door.submit(Request(letters(rng, 480), f"tenant-{i % 5}", 4)) for i in range(20)]
+    ids = [door.submit(Request(filler(rng, 480), f"tenant-{i % 5}", 4)) for i in range(20)]
     done = {r.request_id: r for r in door.run()}
     assert all(done[i].status == 200 for i in ids)
     door.check_integrity()

@@ -36,11 +36,11 @@ class Rejected(Exception):
         self.reason, self.prompt_tokens = reason, prompt_tokens
 
 
-def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Shape checks that need no capacity numbers; returns the prompt's token ids.
+UNTOKENIZED_FACTOR = 4  # a prompt this many windows long (in the longest token's characters) is never tokenized
 
-    The tenant and request_id are checked before this, when the front door takes an id.
-    """
+
+def check_shape(request: Request) -> None:
+    """The request's fields, before its prompt is read: max_tokens, sampling, cache_salt."""
     if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
         raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
     if not isinstance(request.sampling, SamplingParams):
@@ -49,24 +49,24 @@ def check_request(request: Request, tokenizer: PreTrainedTokenizerBase) -> list[
     if problem:
         raise Rejected(problem)
     check_cache_salt(request.cache_salt)
-    try:
-        return encode_prompt(tokenizer, request.prompt)
-    except PromptError as e:
-        raise Rejected(str(e)) from None
 
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
                   chars_per_token: int | None = None) -> list[int]:
     """What every front door checks (Engine, Cluster, DistCluster): the request's shape, then the
-    advertised window. Returns the prompt's token ids, or raises Rejected. A prompt of more than
-    (context_len - 1) * `chars_per_token` characters (the longest token's) is refused before it is
-    tokenized: however it splits, it has too many tokens, and tokenizing a megabyte takes seconds."""
+    advertised window. Returns the prompt's token ids, or raises Rejected. A prompt longer than
+    UNTOKENIZED_FACTOR windows of the longest token (`chars_per_token`) is refused untokenized:
+    however it splits, it has too many tokens, and tokenizing a megabyte takes seconds."""
+    check_shape(request)
     text = request.prompt
-    if chars_per_token is not None and isinstance(text, str) and len(text) > (context_len - 1) * chars_per_token:
+    if chars_per_token is not None and isinstance(text, str) and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token:
         at_least = -(-len(text) // chars_per_token)
         raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window is "
                        f"{context_len} tokens (prompt + output)", at_least)
-    ids = check_request(request, tokenizer)
+    try:
+        ids = encode_prompt(tokenizer, text)
+    except PromptError as e:
+        raise Rejected(str(e)) from None
     check_context(len(ids), request.max_tokens, context_len)
     return ids
 

@@ -1,7 +1,7 @@
 """Checkers for notebook 02 (page pools and block tables).
 
 Each checker tries a learner's function on hidden cases and compares it with the engine's own
-code: `PagePool.slots` for slot mapping, `kv_accounting.paged_use` for waste, and `replay` for
+code: `PagePool.slots` for slot mapping, `bench/memory.paged_use` for waste, and `replay` for
 stale pages. It prints one line when everything passes and raises AssertionError saying what
 was expected and what came back, so the exercise cell fails loudly until it is solved.
 """

@@ -1,6 +1,6 @@
 """Checkers for notebook 03 (continuous batching and admission control).
 
-Each checker compares a learner's function with the admission checks of admission.py on
+Each checker compares a learner's function with the admission checks of engine/front_door.py on
 listed and generated cases, prints one line when everything passes and raises AssertionError
 saying what was expected and what came back otherwise.
 """

@@ -1,7 +1,7 @@
 """Checkers for notebook 10 (the leak over HTTP): the server's key check and the probe's canary match.
 
 Each compares a learner's function with the code the server and the probe run
-(`serve.auth.tenant_for`, `probe.canary.holds_canary`) on listed and generated cases.
+(`serve.app.tenant_for`, `probe.canary.holds_canary`) on listed and generated cases.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 01 · KV caching from first principles
 #
+# **The code it teaches:** `minikv/model/llama.py` (the model and the one hook a cache plugs into), `minikv/model/contiguous_cache.py` (the per-request cache), `minikv/model/decoding.py` (greedy decoding with and without it) and `minikv/attention/dense.py` (the attention interface).
+#
 # **What you will learn**
 # - why a language model that writes one token at a time would redo almost all of its work without a cache;
 # - what queries, keys and values are, and why caching the keys and values is *exact*, not an approximation;

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 02 · Page pools and block tables
 #
+# **The code it teaches:** `minikv/engine/page_pool.py` (pages, the free list, never zeroed), `minikv/engine/paged_step.py` (block tables and the slot mapping), `minikv/engine/audit.py` (who wrote each slot) and `minikv/bench/memory.py` (what reservations waste).
+#
 # **What you will learn**
 # - why giving every request its own maximum-length reservation wastes most of the KV memory, measured
 #   on a workload, and how that compares with the PagedAttention paper's numbers;

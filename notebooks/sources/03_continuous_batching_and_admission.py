@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 03 · Continuous batching and admission control
 #
+# **The code it teaches:** `minikv/engine/scheduler.py` (who runs each step), `minikv/engine/front_door.py` (admission control: the 400s) and `minikv/engine/engine.py` (one node, step by step).
+#
 # **What you will learn**
 # - how an engine serves many requests at once by changing its batch at every step: newcomers join
 #   as soon as there are pages for them, finished requests leave and give their pages back;
@@ -47,7 +49,7 @@ arrivals = {
     3: [ask("dave", "name", "Ada Lovelace"), ask("erin", "todo", "pay the rent")],
 }
 engine = Engine(model, tok, EngineConfig(num_pages=32, max_batch_size=3))
-print(engine.startup_log())
+print("\n".join(engine.startup_log()))
 
 
 # %% [markdown]
@@ -201,7 +203,7 @@ timeline(tight.log, mark=[victim], title="6 pages for 3 requests: waiting, preem
 
 # %%
 incident = Engine(model, tok, EngineConfig(num_pages=42, page_size=16, context_len=1024), node="single")
-print(incident.startup_log())
+print("\n".join(incident.startup_log()))
 assert incident.pool.capacity_tokens == 42 * 16 == 672 < incident.config.context_len == 1024
 
 # %% [markdown]

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 04 · Disaggregated prefill and decode
 #
+# **The code it teaches:** `minikv/disagg/prefill_node.py` and `minikv/disagg/decode_node.py` (the six queues), `minikv/disagg/transfer/base.py` (the KV transfer protocol) and `minikv/disagg/cluster.py` (the front door over the pair).
+#
 # **What you will learn**
 # - why serving systems run prompt processing (*prefill*) and token generation (*decode*) on separate GPU pools;
 # - the six queues a request passes through, three on each side, and what moves it from one to the next;

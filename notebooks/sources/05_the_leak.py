@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 05 · The leak: rejected, but admitted
 #
+# **The code it teaches:** `minikv/disagg/prefill_node.py` (the intake check, the placeholder, the gate), `minikv/disagg/decode_node.py` (the reservation for the original length), `minikv/engine/audit.py` (the cross-tenant read) and `minikv/attacks/scenarios.py` (Alice and Bob).
+#
 # **What you will learn**
 # - how a prompt that the prefill node *rejects* still reaches the decode node and gets an answer;
 # - why that answer is **HTTP 200**, reports the long prompt's `prompt_tokens`, reads fluently, and carries

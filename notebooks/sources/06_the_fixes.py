@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 06 · The fixes, one by one, and what each costs
 #
+# **The code it teaches:** `minikv/disagg/switches.py` (every mitigation), `minikv/disagg/decode_node.py` (the checksum and canary checks), `minikv/disagg/checksum.py` (Adler-32) and `minikv/disagg/cluster.py` (`startup_check`).
+#
 # **What you will learn**
 # - the fixes in the engine and the mitigations its maintainers recommended, each as a switch that changes
 #   one code path;

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 07 · The late-write race and deferred release
 #
+# **The code it teaches:** `minikv/disagg/transfer/inprocess.py` (a write already on the wire), `minikv/disagg/decode_node.py` (deferred release) and `minikv/attacks/scenarios.py` (Carol and Dave).
+#
 # **What you will learn**
 # - why a KV transfer, once posted, cannot be called back: it behaves like an RDMA write already on the wire;
 # - how an aborted request's late write lands in pages the decode node has meanwhile given to someone else;

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 08 · Detection and response: what a customer can find in their own logs
 #
+# **The code it teaches:** `minikv/logs/scan.py` (the checklist and the warning signs) and `minikv/logs/gateway_log.py` (the log's schema).
+#
 # **What you will learn**
 #
 # - to turn the disclosure's customer checklist into code over your own gateway log, and why each edge matters: one exact model id, both days at the ends of the window, prompts *strictly* above 681,280 tokens;

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 09 · Shared prefixes: the cache that tenants share on purpose
 #
+# **The code it teaches:** `minikv/engine/prefix_cache.py` (keys chained over the prefix, parked pages), `minikv/engine/scheduler.py` (cache hits at admission), `minikv/attacks/cached_tokens.py` and `minikv/attacks/timing.py` (a secret read back from the cache), `minikv/attacks/eviction.py` and `minikv/attacks/token_gaps.py` (what the salt leaves open).
+#
 # **What you will learn**
 # - why serving engines reuse K/V across requests (vLLM's automatic prefix caching, SGLang's
 #   RadixAttention, nano-vllm's block manager);
@@ -8,7 +10,9 @@
 #   stay matchable after their request ends;
 # - the side channel: a cache hit is reported (`usage.cached_tokens`) and is faster, so another tenant
 #   can recover your prompt **character by character**;
-# - the fix, `cache_salt`, and what it costs.
+# - the fix, `cache_salt`, and what it costs;
+# - what the salt leaves open: a shared eviction order (closed by partitioning the cache per tenant) and
+#   the gaps between one tenant's tokens while another's prompt is prefilled (narrowed, not closed).
 #
 # Notebooks 02 to 08 are about KV that leaks by *mistake*. Here tenants' KV meets *by design*: Bob may
 # read pages that Alice's request computed, because he sent the same tokens. What leaks is the *fact*
@@ -20,21 +24,23 @@ import statistics
 
 import matplotlib.pyplot as plt
 import torch
-from scipy.stats import ks_2samp
+from scipy.stats import ks_2samp, mannwhitneyu
 
-from minikv.bench.prefix import serve, shared_prefix_workload
-from minikv.model.checkpoint import load_model
-from minikv.engine.config import EngineConfig
 from minikv.attacks.cached_tokens import (KNOWN_PREFIX, cached_tokens_oracle, page_guesses, recover_secret,
                                         timing_audit, victim_prompt)
+from minikv.attacks.eviction import filler, prime_and_probe
 from minikv.attacks.scenarios import run_scenario
-from minikv.disagg.switches import SafetySwitches
 from minikv.attacks.timing import DIGITS, TimingLedger, timing_attack
+from minikv.attacks.token_gaps import bob_gaps
+from minikv.bench.prefix import serve, shared_prefix_workload
+from minikv.disagg.switches import SafetySwitches
+from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
-from minikv.exercises import try_exercise
-from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
 from minikv.engine.prefix_cache import page_keys
 from minikv.engine.request import Request
+from minikv.exercises import try_exercise
+from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
+from minikv.model.checkpoint import load_model
 from minikv.viz import find_event, page_map
 
 torch.manual_seed(0)
@@ -335,6 +341,130 @@ assert shared.cached_tokens > salted.cached_tokens > 0
 # The more tenants share one system prompt, the more the salt costs; a tenant's own traffic keeps all
 # of its hits. `python -m minikv bench` reports both speedups (README).
 #
+# ## What the salt leaves open
+#
+# The salt keeps tenants' cache *keys* apart. Two things they still share can tell Bob about Alice's
+# cache: the order in which parked pages are evicted, and the engine step itself.
+#
+# ### Prime and probe: one eviction order for everyone
+#
+# Parked pages (cached, held by no request) wait in one least-recently-used list. When a request needs
+# pages and none are free, the oldest parked page goes, whoever's it is. Processes sharing a CPU cache
+# leak this way (*prime and probe*, Osvik, Shamir and Tromer 2006). Bob **primes**: seven prompts of 496
+# tokens, 3,472 of the pool's 4,096 (our sizes). Alice, salted apart, sends a prompt, then a second: the
+# same again (a hit, no new pages) or a fresh one (a miss: 31 new pages, some of them Bob's oldest).
+# Bob **probes**: he re-sends his prompts and reads his own `cached_tokens` (`minikv/attacks/eviction.py`).
+
+# %%
+def prime_and_probe_both(b_prompts, **config):
+    """Bob's readings after Alice repeated her prompt and after she sent a fresh one: two fresh engines."""
+    config = EngineConfig(num_pages=256, cache_salt=True, event_log=False, **config)
+    return {kind: prime_and_probe(Engine(model, tok, config), a_repeats=kind == "repeat", b_prompts=b_prompts)
+            for kind in ("repeat", "fresh")}
+
+lru = prime_and_probe_both(b_prompts=7)
+print(f"one LRU: Bob reads {lru['repeat']} after Alice's repeat, {lru['fresh']} after her fresh prompt")
+assert min(lru["repeat"]) > max(lru["fresh"])
+
+# %% [markdown]
+# Bob learns whether Alice had sent her prompt before, though no key of his ever matched hers. vLLM 0.32
+# does the same with a `cache_salt` per tenant (notebook 11).
+#
+# **The fix, `cache_partition`** (in the safe preset; `minikv serve` builds its engine so): a tenant's
+# parked pages are evicted only by that tenant's requests, and each tenant parks at most its share,
+# (pool − one context) ÷ tenants. For two tenants that is 96 pages, 1,536 tokens: three of Bob's prompts.
+# Only when no request holds any page may a request take another tenant's parked pages, so no one waits
+# for a page that nobody would free (`minikv/engine/prefix_cache.py`). Bob primes his whole share:
+
+# %%
+partitioned = prime_and_probe_both(b_prompts=3, cache_partition=True, cache_tenants=2)
+print(f"partitioned: Bob reads {partitioned['repeat']} after Alice's repeat, {partitioned['fresh']} after her fresh prompt")
+assert partitioned["repeat"] == partitioned["fresh"] and min(partitioned["repeat"]) > 0
+
+# %% [markdown]
+# The cost: a tenant alone on the server caches its share, not the whole pool.
+#
+# ### Gaps between tokens: the channel batching opens
+#
+# Continuous batching (notebook 03) prefills a new prompt in the same step as everyone's decode, and a
+# step takes as long as its work. Bob streams a reply; eight tokens in, Alice sends a 600-token prompt. If
+# it misses her cache, the step that prefills it computes 600 tokens and Bob's next token comes late; if it
+# hits, the step computes one. Bob reads only the gaps between his own tokens. Nothing is shared here but
+# the step, so neither salt nor partition changes it (`minikv/attacks/token_gaps.py`; 4 trials of each,
+# a fresh engine each).
+
+# %%
+torch.set_num_threads(1)  # as for the timing audit above
+
+def gap_trials(trials=4, **config):
+    """Bob's gaps in `trials` runs where Alice's prompt hit her cache and as many where it missed."""
+    rng = random.Random(1)
+    runs = {"hit": [], "miss": []}
+    for _ in range(trials):
+        for kind in runs:
+            engine = Engine(model, tok, EngineConfig(num_pages=256, event_log=False, **config))
+            alice = filler(rng, 600)
+            if kind == "hit":
+                engine.generate([alice], max_tokens=1, tenant="alice")  # she sent it before
+            runs[kind].append(bob_gaps(engine, alice))
+    return runs
+
+def auc(runs, measure):
+    """ROC AUC of `measure` (of Bob's gaps) telling a miss from a hit: Mann-Whitney U over all pairs."""
+    miss, hit = [measure(g.bob_s) for g in runs["miss"]], [measure(g.bob_s) for g in runs["hit"]]
+    return mannwhitneyu(miss, hit).statistic / (len(miss) * len(hit))
+
+def median_of(runs, kind, measure):
+    return statistics.median(measure(g.bob_s) for g in runs[kind])
+
+whole = gap_trials()
+print(f"Bob's largest gap: {median_of(whole, 'hit', max) * 1e3:.0f} ms when Alice's prompt hit, "
+      f"{median_of(whole, 'miss', max) * 1e3:.0f} ms when it missed (medians)")
+assert median_of(whole, "miss", max) > 2 * median_of(whole, "hit", max)
+
+# %% [markdown]
+# How well does Bob's largest gap tell a miss from a hit? The **ROC AUC** says it in one number: the
+# chance that a random miss's gap is larger than a random hit's (ties count half). 0.5 is a coin flip; 1.0
+# tells every time. It is the Mann-Whitney U statistic divided by the number of (miss, hit) pairs.
+#
+# **Chunked prefill** (`EngineConfig(chunked_prefill=True, max_prefill_tokens=64)`, or `minikv serve
+# --prefill-chunk 64`) caps the prompt tokens a step prefills: Alice's 600 go in ten steps, Bob's decode
+# in each. His largest gap shrinks toward his ordinary ones. But the work is the same, so the *sum* of his
+# gaps still tells:
+
+# %%
+chunked = gap_trials(chunked_prefill=True, max_prefill_tokens=64)
+torch.set_num_threads(threads)
+print(f"chunks of 64: Bob's largest gap on a miss {median_of(chunked, 'miss', max) * 1e3:.0f} ms "
+      f"(whole prompt: {median_of(whole, 'miss', max) * 1e3:.0f} ms)")
+assert median_of(chunked, "miss", max) < median_of(whole, "miss", max) / 2
+assert median_of(chunked, "miss", sum) > 1.5 * median_of(chunked, "hit", sum)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (measured: the AUCs of four trials a side and the times vary with the machine's load)
+for name, runs in (("whole prompt", whole), ("chunks of 64", chunked)):
+    ttft = statistics.median(g.alice_ttft_s for g in runs["miss"]) * 1e3
+    print(f"{name}: AUC of the largest gap {auc(runs, max):.2f}, of the sum {auc(runs, sum):.2f}; "
+          f"Alice's time to first token on a miss {ttft:.0f} ms")
+fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.6), sharey=True)
+for ax, (name, runs) in zip(axes, (("whole prompt", whole), ("chunks of 64", chunked))):
+    for kind, colour in (("miss", "#cc3311"), ("hit", "#777777")):
+        for i, g in enumerate(runs[kind]):
+            ax.plot([t * 1e3 for t in g.bob_s], color=colour, alpha=0.7, label=f"Alice's {kind}" if i == 0 else None)
+    ax.set_title(name, fontsize=10)
+    ax.set_xlabel("Bob's tokens after Alice's arrives")
+axes[0].set_ylabel("gap before the token (ms)")
+axes[0].legend()
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Whole, a miss is one tall spike; in chunks, a run of smaller bumps: lower, but as many milliseconds in
+# all. Chunking bounds how long anyone waits for one token (vLLM's V1 engine chunks by default), and Alice
+# pays: her prompt takes ten steps, each carrying others' decode. It narrows the channel without closing
+# it. Closing it would take steps padded to a fixed cost or tenants kept out of each other's steps; the
+# engines we know do neither. `minikv probe --check token-gaps` measures what is left on a server.
+#
 # ## What an operator and a customer can do
 #
 # **Operator.** Salt by tenant (or finer) by default. Treat the salt as input and validate it (vLLM's
@@ -405,3 +535,8 @@ check_recover(recover)
 # **3.** Rerun the probe with `run_scenario("prefix-probe", ..., SafetySwitches.preset("vulnerable"),
 # secret=...)` and a secret of your own; then with `.with_switches(enable=["cache_salt"])`. From the
 # terminal: `python -m minikv demo --scenario prefix-probe --preset vulnerable --secret "..."`.
+
+# %% [markdown]
+# **4.** In `gap_trials`, try `max_prefill_tokens=16` and `=256`. How do Bob's largest gap, the sum of his
+# gaps and Alice's time to first token move? Which chunk size would you pick for a chat service, and what
+# does it leave an attacker?

@@ -1,6 +1,8 @@
 # %% [markdown]
 # # 10 · The leak over HTTP: a real server, the official client, and a probe you can point anywhere
 #
+# **The code it teaches:** `minikv/serve/app.py` (the routes and keys), `minikv/serve/engine_loop.py` (the one thread that steps the engine for every client), `minikv/serve/gateway.py` (the server's own log) and `minikv/probe/run.py` (the black-box checks).
+#
 # **What you will learn**
 # - to serve minikv as vLLM and SGLang serve models: an OpenAI-compatible HTTP API, one engine loop
 #   batching every connection, API keys that decide who is who;
@@ -277,7 +279,7 @@ assert exit_statuses == [0, 0]
 # **1.** The server decides who a request comes from by its key alone. Write `tenant_of(authorization,
 # keys)`: given the request's `Authorization` header (a string, or None when there is none) and the
 # server's `{key: tenant}` table, the tenant the request runs as, or None where the server answers 401.
-# The checker compares it with the server's own rule (`minikv/serve/auth.py`, read it after).
+# The checker compares it with the server's own rule (`minikv/serve/app.py`, read it after).
 
 # %%
 def tenant_of(authorization, keys):

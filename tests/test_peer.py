@@ -155,9 +155,9 @@ def test_peer_serve_leaves_no_process_after_sigterm(peer):
     assert len(started) >= 2, started  # vLLM's API server and its engine core at least
     peer.send_signal(signal.SIGTERM)
     assert peer.wait(60) == 0
-    assert "vllm stopped" in peer.stdout.read()
     time.sleep(1)
     assert not {pid for pid in started if Path(f"/proc/{pid}").exists()}
+    assert "vllm stopped" in peer.stdout.read()
 
 
 # -- setup errors: one line, exit status 2 (no peer needed) ------------------------------------------------

@@ -98,8 +98,7 @@ def offline(output: str, pinned: str) -> bool:
 
 def pip_failure(what: str, output: str, log: Path, pinned: str = "") -> PeerError:
     if offline(output, pinned):
-        return PeerError(f"{what}: cannot reach the package index, or it has no {pinned} (no network?); "
-                         f"pip's output is in {log}")
+        return PeerError(f"{what}: cannot reach the package index (no network?); pip's output is in {log}")
     last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
     return PeerError(f"{what} failed: {last[:200]} (all of pip's output: {log})")
 

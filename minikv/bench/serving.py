@@ -11,7 +11,7 @@ or at least once (128 clients: the 32 four times, all at once).
 2. paired rounds: in each round every client count runs on both servers back to back, the order
    alternating from one pairing to the next; a ratio minikv / vLLM is taken within each pair;
 3. the report: per server and client count, the median tokens/s over rounds, TTFT and
-   inter-token latency (the gaps between streamed chunks, as vLLM's own benchmark) at p50 and
+   inter-token latency (each request's mean time per output token after the first) at p50 and
    p99 over all rounds' requests, errors, outputs equal; the ratios' median and range; the load
    average (1 minute) at each pairing, since both servers share the machine with everything else.
 """
@@ -57,7 +57,7 @@ class Load:
     tokens: int
     wall_s: float
     ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)  # gaps between streamed text chunks
+    itl_s: list[float] = field(default_factory=list)  # per request: (last token - first) / (tokens - 1)
     errors: int = 0
 
     @property
@@ -66,10 +66,15 @@ class Load:
 
 
 async def stream_one(http: httpx.AsyncClient, url: str, model: str, request: BenchRequest):
-    """One streamed greedy completion: (text, completion tokens, TTFT, chunk gaps); None on failure."""
+    """One streamed greedy completion: (text, completion tokens, TTFT, inter-token latency); None on failure.
+
+    The inter-token latency is the request's mean: from its first text to its last event with a
+    choice (the finish), over the tokens between. Gaps between chunks would not do: under load a
+    server sends several tokens in one chunk (vLLM merges the deltas its API process has not sent yet).
+    """
     body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    start, stamps, text, usage = time.perf_counter(), [], [], {}
+    start, first, last, text, usage = time.perf_counter(), None, None, [], {}
     async with http.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             return None
@@ -80,12 +85,15 @@ async def stream_one(http: httpx.AsyncClient, url: str, model: str, request: Ben
             if "error" in event:
                 return None
             piece = "".join(c.get("text") or "" for c in event.get("choices") or [])
+            if event.get("choices"):
+                last = time.perf_counter()
             if piece:
-                stamps.append(time.perf_counter())
+                first = first or last
                 text.append(piece)
             usage = event.get("usage") or usage
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return "".join(text), usage.get("completion_tokens", 0), (stamps[0] - start) if stamps else None, gaps
+    tokens = usage.get("completion_tokens", 0)
+    itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
+    return "".join(text), tokens, first - start if first is not None else None, itl
 
 
 async def run_load(url: str, model: str, requests: list[BenchRequest], clients: int, key: str | None = None) -> Load:
@@ -108,7 +116,7 @@ async def run_load(url: str, model: str, requests: list[BenchRequest], clients: 
         wall = time.perf_counter() - start
     done = [r for r in results if r is not None]
     return Load([r[0] if r else None for r in results], sum(r[1] for r in done), wall,
-                [r[2] for r in done if r[2] is not None], [g for r in done for g in r[3]], len(results) - len(done))
+                [r[2] for r in done if r[2] is not None], [r[3] for r in done if r[3] is not None], len(results) - len(done))
 
 
 def requests_for(workload: list[BenchRequest], clients: int) -> list[BenchRequest]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minikv.bench.benchmark import bench_workload
-from minikv.bench.serving import requests_for, run_serving
+from minikv.bench.serving import requests_for, run_serving, save_serving_figure
 from minikv.bench.systems import BenchRequest
 from minikv.serve.launch import ServerProcess
 
@@ -24,8 +24,8 @@ def server():
         yield s
 
 
-def test_paired_rounds_on_twin_servers(server):
-    """The same server under two names: every load checked, a ratio per round and client count."""
+def test_paired_rounds_on_twin_servers(server, tmp_path):
+    """The same server under two names: every load checked, a ratio per round and client count, the figure."""
     urls = {"minikv": (server.url, "tiny-llama"), "twin": (server.url, "tiny-llama")}
     report = run_serving(urls, bench_workload(3), [1, 4], rounds=2, command="test", say=lambda _: None)
     assert not report.mismatched
@@ -34,6 +34,8 @@ def test_paired_rounds_on_twin_servers(server):
     row = report.row("minikv", 4)
     assert row["errors"] == 0 and row["tokens_per_s"] > 0 and row["itl_p50_ms"] <= row["itl_p99_ms"]
     assert "| 4 | **minikv / twin** |" in report.table()
+    save_serving_figure(report, tmp_path / "serve.png")
+    assert (tmp_path / "serve.png").stat().st_size > 0
 
 
 def test_a_refused_request_is_a_mismatch_and_nothing_is_timed(server):

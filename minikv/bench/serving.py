@@ -250,18 +250,26 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 
 def save_serving_figure(report: ServingReport, path: str) -> None:
-    """Tokens/s and TTFT p99 against concurrent clients, one line per server."""
+    """Tokens/s and TTFT p99 against concurrent clients, one line per server; the ratio with its range."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = plt.subplots(1, 3 if report.ratios else 2, figsize=(13 if report.ratios else 9, 3.4))
     for name in report.servers:
         rows = [report.row(name, c) for c in report.clients]
         for ax, key in zip(axes, ("tokens_per_s", "ttft_p99_ms")):
             ax.plot(report.clients, [r[key] or 0 for r in rows], marker="o", label=name)
-    for ax, label in zip(axes, ("tokens/s (median of the rounds)", "TTFT p99 (ms)")):
+    if report.ratios:
+        ratios = report.to_json()["ratios"]
+        mid = [ratios[c]["median"] for c in report.clients]
+        spread = [[m - ratios[c]["min"] for c, m in zip(report.clients, mid)],
+                  [ratios[c]["max"] - m for c, m in zip(report.clients, mid)]]
+        axes[2].errorbar(report.clients, mid, yerr=spread, marker="o", capsize=4, color="black",
+                         label=f"{' / '.join(report.servers)}: median, min-max")
+        axes[2].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    for ax, label in zip(axes, ("tokens/s (median of the rounds)", "TTFT p99 (ms)", "tokens/s ratio, paired rounds")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(report.clients, [str(c) for c in report.clients])
         ax.set_xlabel("concurrent clients")

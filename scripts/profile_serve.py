@@ -55,6 +55,7 @@ RULES = [  # (part, substring of a frame); the deepest frame that matches decide
     ("handlers: minikv/serve/app.py, schemas", "minikv/serve/schemas.py"), ("pydantic validation", "pydantic"),
     ("JSON", "json/"), ("gateway log, auth", "minikv/serve/gateway.py"), ("gateway log, auth", "minikv/serve/auth.py"),
 ]
+ERRORS: Counter = Counter()  # failed requests by kind, over the whole run
 IDLE_ENGINE = "EngineLoop._drain (minikv/serve/engine_loop.py"  # deepest minikv frame: waiting for the inbox
 
 
@@ -98,8 +99,13 @@ async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, fl
     async def client(http: httpx.AsyncClient) -> int:
         tokens = 0
         while not until.is_set():
-            reply = await stream_one(http, url, "tiny-llama", workload[next(turn) % len(workload)])
+            try:
+                reply = await stream_one(http, url, "tiny-llama", workload[next(turn) % len(workload)])
+            except httpx.HTTPError as e:
+                ERRORS[type(e).__name__] += 1
+                continue
             tokens += reply[1] if reply else 0
+            ERRORS["non-200"] += reply is None
         return tokens
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -108,25 +114,51 @@ async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, fl
     return tokens, time.perf_counter() - start
 
 
-def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[float, dict | None]:
-    """Tokens/s under load for `seconds`, sampled by py-spy in `mode` (or not sampled)."""
+def thread_names(pid: int) -> dict[int, str]:
+    """Native thread id -> our name for it, from `py-spy dump` ("Thread 5869 (idle): "minikv-engine-loop"")."""
+    dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
+    names = {"MainThread": "event loop (main thread)", "minikv-engine-loop": "engine thread"}
+    return {int(line.split()[1]): names.get(line.split('"')[1], "other threads")
+            for line in dump.splitlines() if line.startswith("Thread ") and '"' in line}
+
+
+def cpu_seconds(pid: int, names: dict[int, str]) -> Counter:
+    """CPU time (user + system) of each thread of `pid` so far, by name, from /proc."""
+    found: Counter = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        found[names.get(int(task.name), "other threads")] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[float, dict]:
+    """Tokens/s under load for `seconds`, sampled by py-spy in `mode`; unsampled: CPU seconds per thread."""
     until, out = threading.Event(), folder / f"{clients}{mode}.txt"
     result: list = []
     worker = threading.Thread(target=lambda: result.append(asyncio.run(drive(server.url, clients, until))))
     worker.start()
     time.sleep(2)  # the load is up
+    names = thread_names(server.process.pid)
+    before, client_before, start = cpu_seconds(server.process.pid, names), sum(os.times()[:2]), time.perf_counter()
     if mode:
         spy(server.process.pid, seconds, out, mode).wait()
     else:
         time.sleep(seconds)
+    cpu = cpu_seconds(server.process.pid, names) - before
+    cpu["the clients (this process)"] = sum(os.times()[:2]) - client_before
+    cpu["wall"] = time.perf_counter() - start
     until.set()
     worker.join()
     tokens, wall = result[0]
-    return tokens / wall, read_raw(out) if mode else None
+    return tokens / wall, read_raw(out) if mode else cpu
 
 
-def engine_alone(serve_args: list[str], clients: int) -> float:
-    """Tokens/s of the same engine as the server's (same pool, window, audit on), in this process, no HTTP."""
+def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
+    """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
+    on), in this process, no HTTP, every request submitted at once."""
     import argparse
 
     from minikv.checkpoint import load_model
@@ -143,11 +175,12 @@ def engine_alone(serve_args: list[str], clients: int) -> float:
     engine = Engine(model, tokenizer, EngineConfig(num_pages=args.num_pages, event_log=False,
                                                    **({"context_len": args.context_len} if args.context_len else {})))
     requests = requests_for(bench_workload(32, 0), clients)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     ids = [engine.submit(Request(r.prompt, "anon", r.max_tokens)) for r in requests]
     seqs = [engine.seqs[i] for i in ids]
     engine.run()
-    return sum(len(s.output_ids) for s in seqs) / (time.perf_counter() - start)
+    tokens = sum(len(s.output_ids) for s in seqs)
+    return tokens / (time.perf_counter() - start), (time.thread_time() - cpu) / tokens
 
 
 def table(threads: dict[str, Counter], seconds: int, tokens_per_s: float) -> list[str]:
@@ -174,21 +207,25 @@ def main() -> None:
     with ServerProcess(args.serve_args) as server:
         asyncio.run(run_load(server.url, "tiny-llama", bench_workload(32, 0), 32))  # warm-up
         for clients in map(int, args.clients.split(",")):
-            alone = engine_alone(args.serve_args, clients)
-            bare, _ = measure(server, clients, args.seconds, None, folder)
+            alone, alone_cpu = engine_alone(args.serve_args, clients)
+            bare, cpu = measure(server, clients, args.seconds, None, folder)
             load_bare = os.getloadavg()[0]
+            wall = cpu.pop("wall")
             sampled, idle = measure(server, clients, args.seconds, "--idle", folder)
             _, gil = measure(server, clients, args.seconds, "--gil", folder)
             held = sum(sum(c.values()) for c in gil.values()) / (args.seconds * 100)
             print(f"\n### {clients} clients, `minikv serve {' '.join(args.serve_args)}`\n")
-            print(f"The same engine in one process, no HTTP, the same requests: {alone:,.0f} tokens/s. Over HTTP: "
+            print(f"The same engine in one process, no HTTP, the same requests: {alone:,.0f} tokens/s, "
+                  f"{1e3 * alone_cpu:.2f} ms of CPU per token. Over HTTP: "
                   f"{bare:,.0f} tokens/s without the profiler (load average {load_bare:.1f}), {sampled:,.0f} with it "
                   f"(load average {os.getloadavg()[0]:.1f}); the GIL is held {held:.0%} of the wall time.\n")
+            print("CPU time while unsampled (/proc), per token served: " + ", ".join(
+                f"{name} {1e3 * s / (bare * wall):.2f} ms ({s / wall:.0%} of a core)" for name, s in cpu.most_common()) + ".\n")
             print("| thread | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
             print("\n".join(table(idle, args.seconds, sampled)))
             print("\n| GIL held by | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
             print("\n".join(table(gil, args.seconds, sampled)), flush=True)
-    print(f"\n(py-spy's raw samples: {folder})")
+    print(f"\nfailed requests: {dict(+ERRORS) or 'none'} (py-spy's raw samples: {folder})")
 
 
 if __name__ == "__main__":

@@ -65,12 +65,13 @@ class Load:
         return self.tokens / self.wall_s
 
 
-async def stream_one(http: httpx.AsyncClient, url: str, model: str, request: BenchRequest):
+async def stream_one(http: httpx.AsyncClient, url: str, model: str,
+                     request: BenchRequest) -> tuple[str, int, float | None, float | None] | None:
     """One streamed greedy completion: (text, completion tokens, TTFT, inter-token latency); None on failure.
 
     The inter-token latency is the request's mean: from its first text to its last event with a
-    choice (the finish), over the tokens between. Gaps between chunks would not do: under load a
-    server sends several tokens in one chunk (vLLM merges the deltas its API process has not sent yet).
+    choice (the finish), over the tokens between. Gaps between events would not do: under load
+    many tokens' events can arrive at once (vLLM's often come in one burst at the end of the reply).
     """
     body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -192,9 +193,8 @@ def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], 
             for name in order:
                 load = asyncio.run(run_load(*urls[name], requests_for(workload, c), c))
                 n = len(workload)
-                if any(t != reference[i % n] for i, t in enumerate(load.texts)):
-                    report.mismatched = sorted(set(report.mismatched) | {i % n for i, t in enumerate(load.texts)
-                                                                         if t != reference[i % n]})
+                wrong = {i % n for i, t in enumerate(load.texts) if t is not None and t != reference[i % n]}
+                report.mismatched = sorted(set(report.mismatched) | wrong)  # failures count as errors
                 report.loads.setdefault((name, c), []).append(load)
             if len(urls) == 2:
                 a, b = (report.loads[(s, c)][-1].tokens_per_s for s in report.servers)

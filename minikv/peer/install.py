@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+VERSIONS = ("import json, vllm, torch, transformers; print(json.dumps({'vllm': vllm.__version__, "
+            "'torch': torch.__version__, 'transformers': transformers.__version__}))")
 NO_NETWORK = ("Failed to establish a new connection", "Temporary failure in name resolution",
               "Network is unreachable", "Connection refused", "Name or service not known")
 
@@ -112,7 +114,10 @@ def setup_peer(name: str, say=print) -> Path:
     check_machine(spec, target)
     started = time.monotonic()
     say(f"setting up {spec.package}=={spec.version} in {target} (a few minutes; pip's output goes to {target / 'setup.log'})")
-    venv.EnvBuilder(with_pip=True).create(target)
+    try:
+        venv.EnvBuilder(with_pip=True).create(target)
+    except (OSError, subprocess.CalledProcessError) as e:  # no room, no permission, no ensurepip (python3-venv)
+        raise PeerError(f"cannot make a venv in {target}: {getattr(e, 'strerror', None) or e}") from None
     python, log = target / "bin" / "python", target / "setup.log"
     pinned = f"{spec.package}=={spec.version}"
     status, output = pip(python, log, "install", "-q", pinned)
@@ -133,10 +138,6 @@ def setup_peer(name: str, say=print) -> Path:
     say(f"{name} {record['vllm']} (torch {record['torch']}, transformers {record['transformers']}) is set up in "
         f"{target}: {record['size_mb']:,} MB, {record['setup_s']} s")
     return target
-
-
-VERSIONS = ("import json, vllm, torch, transformers; print(json.dumps({'vllm': vllm.__version__, "
-            "'torch': torch.__version__, 'transformers': transformers.__version__}))")
 
 
 def folder_size(path: Path) -> int:

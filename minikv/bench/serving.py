@@ -210,8 +210,9 @@ def run_serving_command(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import bench_workload
     from minikv.bench.plot import plot_path_problem
     from minikv.cli import CliError
-    from minikv.peer.install import installed
-    from minikv.serve.launch import ServerProcess
+    from minikv.peer.install import PeerError, installed
+    from minikv.peer.server import PeerServer
+    from minikv.serve.launch import ServerProcess, ServerStartError
 
     try:
         clients = [int(c) for c in args.clients.split(",")]
@@ -227,16 +228,18 @@ def run_serving_command(args: argparse.Namespace) -> int:
     workload = bench_workload(args.requests, args.seed)
     pool = ["--num-pages", str(args.num_pages), "--context-len", str(args.context_len), "--threads", str(args.threads)]
     with ExitStack() as stack:
-        minikv = stack.enter_context(ServerProcess([*pool, *(["--model", args.model] if args.model else [])]))
-        urls = {"minikv": (minikv.url, minikv.health()["model"])}
-        if installed("vllm") and not args.no_peer:
-            from minikv.peer.server import PeerServer
-
-            say("starting vLLM (a few minutes) ...")
-            vllm = stack.enter_context(PeerServer(model_dir=args.model, num_pages=args.num_pages, context_len=args.context_len))
-            urls["vllm"] = (vllm.url, vllm.model)
-        else:
-            say("vLLM is not set up (python -m minikv peer setup vllm): minikv alone")
+        try:
+            minikv = stack.enter_context(ServerProcess([*pool, *(["--model", args.model] if args.model else [])]))
+            urls = {"minikv": (minikv.url, minikv.health()["model"])}
+            if installed("vllm") and not args.no_peer:
+                say("starting vLLM (a few minutes) ...")
+                vllm = stack.enter_context(PeerServer(model_dir=args.model, num_pages=args.num_pages,
+                                                      context_len=args.context_len))
+                urls["vllm"] = (vllm.url, vllm.model)
+            else:
+                say("vLLM is not set up (python -m minikv peer setup vllm): minikv alone")
+        except (ServerStartError, PeerError) as e:
+            raise CliError(str(e).splitlines()[0][:300]) from None
         command = (f"python -m minikv bench --serve --clients {args.clients} --rounds {args.rounds} "
                    f"--num-pages {args.num_pages} --context-len {args.context_len}")
         report = run_serving(urls, workload, clients, args.rounds, command, say)

@@ -276,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="black-box isolation checks of an OpenAI-compatible endpoint")
     add_probe_arguments(p, positive_int)
     p.set_defaults(func=cmd_probe)
+    from minikv.bench.serving import add_serving_arguments
+    from minikv.serve.peer import add_peer_parser
+
+    add_serving_arguments(sub.choices["bench"])  # bench --serve: minikv serve (and vLLM) over HTTP
+    add_peer_parser(sub)  # peer setup|serve vllm: the real engine in a venv of its own
     return parser
 
 

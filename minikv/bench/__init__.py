@@ -2,5 +2,6 @@
 
 `benchmark.py` (the workload, the checks, the timed runs), `systems.py` (the runners), `report.py`
 and `plot.py` (table, JSON, figure), `roofline.py`, `memory.py` (KV reserved against filled),
-`prefix.py` (shared prefixes), `transfer.py` (the distributed KV transfer over loopback).
+`prefix.py` (shared prefixes), `transfer.py` (the distributed KV transfer over loopback),
+`serving.py` (`bench --serve`: minikv serve against vLLM over HTTP).
 """

@@ -1,0 +1,232 @@
+"""Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
+
+Starts `minikv serve SERVE_ARGS` (default `--num-pages 2048 --context-len 2048`), drives it with
+closed-loop clients (each streams its next greedy request, the benchmark's 32 in turn, as soon as
+its last one ends) and samples it with py-spy (`pip install py-spy`), twice per client count:
+
+- `--idle`: every thread's stack 100 times a second, busy or waiting: each thread's time by part
+  (the engine thread: model, scheduling, tokenizer, streaming...; the event loop: HTTP, JSON,
+  framework, handlers, asyncio; waiting);
+- `--gil`: only the thread holding the GIL: how much of the wall time the GIL is held, and by whom.
+
+Each part is the deepest frame of the stack that a rule below names. The clients run in this
+process, on the same cores: the load average is printed with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minikv.bench.benchmark import bench_workload  # noqa: E402
+from minikv.bench.serving import requests_for, run_load, stream_one  # noqa: E402
+from minikv.serve.launch import ServerProcess  # noqa: E402
+
+RULES = [  # (part, substring of a frame); the deepest frame that matches decides
+    ("model: attention", "minikv/paged_attention.py"), ("model: attention", "minikv/varlen_attention.py"),
+    ("model: attention", "minikv/attention.py"), ("model: layers", "minikv/model.py"),
+    ("model runner: batch tensors, argmax", "minikv/model_runner.py"),
+    ("scheduling, pages, prefix cache", "minikv/scheduler.py"), ("scheduling, pages, prefix cache", "minikv/page_pool.py"),
+    ("scheduling, pages, prefix cache", "minikv/prefix_cache.py"), ("scheduling, pages, prefix cache", "minikv/admission.py"),
+    ("ownership audit", "minikv/audit.py"), ("event log", "minikv/events.py"),
+    ("detokenize", "decode (minikv/tokenizer.py"), ("tokenize", "encode_prompt (minikv/tokenizer.py"),
+    ("tokenize", "encode_text (minikv/tokenizer.py"),
+    ("engine loop: streaming, stops, stats", "minikv/serve/engine_loop.py"),
+    ("engine: submit, finish, responses", "minikv/engine.py"), ("engine: submit, finish, responses", "minikv/front_door.py"),
+    ("engine: submit, finish, responses", "minikv/request.py"), ("engine: submit, finish, responses", "minikv/response.py"),
+    ("event loop: waiting for sockets (or for the GIL after them)", "select (selectors.py"),
+    ("asyncio machinery", "asyncio/"), ("HTTP: uvicorn, h11, httptools", "uvicorn/"), ("HTTP: uvicorn, h11, httptools", "h11/"),
+    ("HTTP: uvicorn, h11, httptools", "httptools"), ("framework: starlette, fastapi, anyio", "starlette/"),
+    ("framework: starlette, fastapi, anyio", "fastapi/"), ("framework: starlette, fastapi, anyio", "anyio/"),
+    ("handlers: minikv/serve/app.py, schemas", "minikv/serve/app.py"),
+    ("handlers: minikv/serve/app.py, schemas", "minikv/serve/schemas.py"), ("pydantic validation", "pydantic"),
+    ("JSON", "json/"), ("gateway log, auth", "minikv/serve/gateway.py"), ("gateway log, auth", "minikv/serve/auth.py"),
+]
+ERRORS: Counter = Counter()  # failed requests by kind, over the whole run
+IDLE_ENGINE = "EngineLoop._drain (minikv/serve/engine_loop.py"  # deepest minikv frame: waiting for the inbox
+
+
+HAND_OFF = "call_soon_threadsafe"  # the engine thread posting text to the event loop (it writes to its self-pipe)
+
+
+def part(frames: list[str]) -> str:
+    if any(HAND_OFF in frame for frame in frames):
+        return "engine loop: hand-off to the event loop (call_soon_threadsafe)"
+    for frame in reversed(frames):  # from the leaf up
+        if frame.startswith(IDLE_ENGINE):
+            return "engine: waiting for requests"
+        for name, needle in RULES:
+            if needle in frame:
+                return name
+    return "other: " + (frames[-1].split(" (")[0] if frames else "?")
+
+
+def read_raw(path: Path) -> dict[str, Counter]:
+    """py-spy's raw (collapsed) output -> {thread name: Counter(part -> samples)}."""
+    threads: dict[str, Counter] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        head, *frames = stack.split(";")
+        thread = head.split(": ", 1)[-1] if ": " in head else head
+        thread = "engine thread" if "minikv-engine-loop" in thread else "event loop (main thread)" if "MainThread" in thread else thread
+        threads.setdefault(thread, Counter())[part(frames)] += int(count)
+    return threads
+
+
+def spy(pid: int, seconds: int, out: Path, mode: str) -> subprocess.Popen:
+    return subprocess.Popen(["py-spy", "record", "--threads", mode, "--format", "raw", "-r", "100", "-d", str(seconds),
+                             "-o", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, float]:
+    """`clients` closed-loop streams (each sends the next request as soon as its last one ends) through
+    the benchmark's requests in turn, until told to stop: (tokens, seconds)."""
+    workload, turn, start = bench_workload(32, 0), itertools.count(), time.perf_counter()
+
+    async def client(http: httpx.AsyncClient) -> int:
+        tokens = 0
+        while not until.is_set():
+            try:
+                reply = await stream_one(http, url, "tiny-llama", workload[next(turn) % len(workload)])
+            except httpx.HTTPError as e:
+                ERRORS[type(e).__name__] += 1
+                continue
+            tokens += reply[1] if reply else 0
+            ERRORS["non-200"] += reply is None
+        return tokens
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=300.0, limits=limits) as http:
+        tokens = sum(await asyncio.gather(*(client(http) for _ in range(clients))))
+    return tokens, time.perf_counter() - start
+
+
+def thread_names(pid: int) -> dict[int, str]:
+    """Native thread id -> our name for it, from `py-spy dump` ("Thread 5869 (idle): "minikv-engine-loop"")."""
+    dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
+    names = {"MainThread": "event loop (main thread)", "minikv-engine-loop": "engine thread"}
+    return {int(line.split()[1]): names.get(line.split('"')[1], "other threads")
+            for line in dump.splitlines() if line.startswith("Thread ") and '"' in line}
+
+
+def cpu_seconds(pid: int, names: dict[int, str]) -> Counter:
+    """CPU time (user + system) of each thread of `pid` so far, by name, from /proc."""
+    found: Counter = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        found[names.get(int(task.name), "other threads")] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
+def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[float, dict]:
+    """Tokens/s under load for `seconds`, sampled by py-spy in `mode`; unsampled: CPU seconds per thread."""
+    until, out = threading.Event(), folder / f"{clients}{mode}.txt"
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(asyncio.run(drive(server.url, clients, until))))
+    worker.start()
+    time.sleep(2)  # the load is up
+    names = thread_names(server.process.pid)
+    before, client_before, start = cpu_seconds(server.process.pid, names), sum(os.times()[:2]), time.perf_counter()
+    if mode:
+        spy(server.process.pid, seconds, out, mode).wait()
+    else:
+        time.sleep(seconds)
+    cpu = cpu_seconds(server.process.pid, names) - before
+    cpu["the clients (this process)"] = sum(os.times()[:2]) - client_before
+    cpu["wall"] = time.perf_counter() - start
+    until.set()
+    worker.join()
+    tokens, wall = result[0]
+    return tokens / wall, read_raw(out) if mode else cpu
+
+
+def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
+    """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
+    on), in this process, no HTTP, every request submitted at once."""
+    import argparse
+
+    from minikv.model.checkpoint import load_model
+    from minikv.cli import positive_int
+    from minikv.engine.config import EngineConfig
+    from minikv.engine.engine import Engine
+    from minikv.engine.request import Request
+    from minikv.serve.command import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser, positive_int)
+    args = parser.parse_args(serve_args)
+    model, tokenizer = load_model(device="cpu")
+    engine = Engine(model, tokenizer, EngineConfig(num_pages=args.num_pages, event_log=False,
+                                                   **({"context_len": args.context_len} if args.context_len else {})))
+    requests = requests_for(bench_workload(32, 0), clients)
+    start, cpu = time.perf_counter(), time.thread_time()
+    ids = [engine.submit(Request(r.prompt, "anon", r.max_tokens)) for r in requests]
+    seqs = [engine.seqs[i] for i in ids]
+    engine.run()
+    tokens = sum(len(s.output_ids) for s in seqs)
+    return tokens / (time.perf_counter() - start), (time.thread_time() - cpu) / tokens
+
+
+def table(threads: dict[str, Counter], seconds: int, tokens_per_s: float) -> list[str]:
+    lines = []
+    for thread, parts in sorted(threads.items(), key=lambda kv: -sum(kv[1].values())):
+        total = sum(parts.values())
+        for name, n in parts.most_common():
+            if n / total >= 0.01:
+                share = n / (seconds * 100)  # of the wall time
+                lines.append(f"| {thread} | {name} | {share:.0%} | {1e3 * share / tokens_per_s:.3f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="32,128")
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("serve_args", nargs="*", default=["--num-pages", "2048", "--context-len", "2048"])
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # as the server's --threads 1
+    folder = Path(tempfile.mkdtemp(prefix="profile_serve_"))
+    with ServerProcess(args.serve_args) as server:
+        asyncio.run(run_load(server.url, "tiny-llama", bench_workload(32, 0), 32))  # warm-up
+        for clients in map(int, args.clients.split(",")):
+            alone, alone_cpu = engine_alone(args.serve_args, clients)
+            bare, cpu = measure(server, clients, args.seconds, None, folder)
+            load_bare = os.getloadavg()[0]
+            wall = cpu.pop("wall")
+            sampled, idle = measure(server, clients, args.seconds, "--idle", folder)
+            _, gil = measure(server, clients, args.seconds, "--gil", folder)
+            held = sum(sum(c.values()) for c in gil.values()) / (args.seconds * 100)
+            print(f"\n### {clients} clients, `minikv serve {' '.join(args.serve_args)}`\n")
+            print(f"The same engine in one process, no HTTP, the same requests: {alone:,.0f} tokens/s, "
+                  f"{1e3 * alone_cpu:.2f} ms of CPU per token. Over HTTP: "
+                  f"{bare:,.0f} tokens/s without the profiler (load average {load_bare:.1f}), {sampled:,.0f} with it "
+                  f"(load average {os.getloadavg()[0]:.1f}); the GIL is held {held:.0%} of the wall time.\n")
+            print("CPU time while unsampled (/proc), per token served: " + ", ".join(
+                f"{name} {1e3 * s / (bare * wall):.2f} ms ({s / wall:.0%} of a core)" for name, s in cpu.most_common()) + ".\n")
+            print("| thread | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
+            print("\n".join(table(idle, args.seconds, sampled)))
+            print("\n| GIL held by | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
+            print("\n".join(table(gil, args.seconds, sampled)), flush=True)
+    print(f"\nfailed requests: {dict(+ERRORS) or 'none'} (py-spy's raw samples: {folder})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,15 +1,14 @@
 """The prefix probe: another tenant's prompt read back through `usage.cached_tokens`.
 
-Alice's prompt, `alice: save key <secret>.\\n`, stays in the prefix cache after her request ends.
-Mallory knows how it starts, so each round she sends a probe for every character that could come next:
+Alice's prompt stays in the prefix cache after her request ends. Mallory knows how it starts, so
+each round she sends a probe for every character that could come next:
 
     alice: save key s\\n      cached_tokens = 17 -> "s" is right: it was in the cache
     alice: save key t\\n      cached_tokens = 16 -> only the part she already knew
 
-At 1-token pages (SGLang's default) the secret comes out character by character (Song et al.,
-arXiv 2409.20002; Wu et al., PromptPeek, NDSS 2025); larger pages make a round guess a whole page
-(symbols ** characters-per-page probes): slower, not closed. Only `cache_salt` stops it. Positions
-are characters: the shipped tokenizer has one token per character.
+At 1-token pages (SGLang's default) the secret comes out a character a round (Song et al., arXiv
+2409.20002; Wu et al., PromptPeek, NDSS 2025); larger pages make a round guess a whole page:
+slower, not closed. Only `cache_salt` stops it. Positions are characters (one token each).
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ VICTIM, ATTACKER = "alice", "mallory"
 KNOWN_PREFIX = f"{VICTIM}: save key "  # what mallory knows: the note format and alice's name
 AFTER_SECRET = ".\n"  # how the note goes on after the secret
 PROBE_END = "\n"  # one token after the guess: the engine always computes a prompt's last token
-# The pair at 1-token pages: pools of 2,048 and 4,096 tokens (>= the 1,024-token window) and a
-# fabric fast enough that no probe's transfer times out.
+# 1-token pages, pools of 2,048 and 4,096 tokens (>= the window), a fabric on which no probe times out
 PROBE_CONFIG = ClusterConfig(page_size=1, prefill_pages=2048, decode_pages=4096, transfer_pages_per_tick=64)
 
 # which of these probe prompts found the cache holding at least `hit_at` of their tokens?

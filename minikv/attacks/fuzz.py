@@ -1,12 +1,11 @@
 """Random workloads for the disaggregated pair, the invariants they must keep, and the hunts (docs/disagg.md).
 
-A workload is a cluster shape and requests (arrival tick, prompt length, some past the prefill pool
-or the window, output length, maybe a cancel tick): background traffic, and *cancel-and-follow*
-pairs, the late-write race (a long prompt cancelled while its KV is on a slow fabric, then another
-tenant's request into the freed pages). Prompts repeat one character, so tenants share prefixes and
-cache_salt has work to do. A hunt (`first_failing`) counts seeded workloads until a broken engine
-fails; `smallest_failing` shrinks what it found. The model is a tiny random Llama: the invariants
-are about bookkeeping, not words.
+A workload is a cluster shape and requests (arrival, prompt length, some past the prefill pool or
+the window, output length, maybe a cancel tick): background traffic, and *cancel-and-follow* pairs,
+the late-write race (a long prompt cancelled while its KV is on a slow fabric, then another tenant
+into the freed pages). Prompts repeat one character, so tenants share prefixes. A hunt
+(`first_failing`) counts seeded workloads until a broken engine fails; `smallest_failing` shrinks
+what it found. The model is a tiny random Llama: the invariants are about bookkeeping, not words.
 """
 
 from __future__ import annotations
@@ -84,17 +83,6 @@ def tiny_random_model() -> tuple[Llama, object]:
 
 
 # -- the generator ----------------------------------------------------------------------------
-def random_config(rng: random.Random) -> ClusterConfig:
-    """A cluster shape: often a slow fabric (high base latency, one page a tick) and a small decode pool."""
-    return ClusterConfig(
-        context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
-        prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
-        transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
-        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8),
-        event_log=False,
-    )
-
-
 def background_request(rng: random.Random, config: ClusterConfig) -> FuzzRequest:
     """Any arrival, any length up to past the window, sometimes cancelled at a random tick."""
     arrival = rng.randint(0, 20)
@@ -103,12 +91,9 @@ def background_request(rng: random.Random, config: ClusterConfig) -> FuzzRequest
 
 
 def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRequest, FuzzRequest]:
-    """A long prompt cancelled while its first batch is on the wire, and another tenant right after.
-
-    Prefill posts the long prompt's first batch a tick after arrival and it is on the wire for
-    `latency` ticks: the cancel falls in that window. The follower's prompt fits one page, so its KV
-    lands quickly in the freed pages, and it decodes a few tokens, reading them after the late batch.
-    """
+    """A long prompt cancelled while its first batch (posted a tick after arrival) is on the wire for
+    `latency` ticks, and another tenant right after: its one-page prompt lands quickly in the freed
+    pages, and it decodes a few tokens, reading them after the late batch lands."""
     ps = config.page_size
     max_tokens = rng.randint(1, 4)
     longest = max(1, min(config.context_len - max_tokens, config.prefill_tokens - 1, config.decode_tokens - max_tokens))
@@ -123,8 +108,13 @@ def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRe
 
 
 def random_workload(rng: random.Random) -> FuzzWorkload:
-    """A cluster shape, some background requests, and some cancel-and-follow pairs."""
-    config = random_config(rng)
+    """A cluster shape (often a slow fabric and a small decode pool), some background requests, and
+    some cancel-and-follow pairs."""
+    config = ClusterConfig(
+        context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
+        prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
+        transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
+        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8), event_log=False)
     requests = [background_request(rng, config) for _ in range(rng.randint(0, 6))]
     for _ in range(rng.randint(0, 3)):
         requests += cancel_and_follow(rng, config)

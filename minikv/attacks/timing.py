@@ -1,13 +1,11 @@
 """The prefix probe with a stopwatch only: the secret from times to first token (docs/benchmarks.md).
 
-A hit skips the guessed tokens' prefill: at 1-token pages one token of compute, far below a busy
-CPU's noise. Three things make it measurable:
-1. a **burst** of `burst` probes per guess, prefilled in one step: a hit saves `burst` tokens;
-2. **cycles** of fresh samples (a probe caches its own guess): flush the cache with filler longer
-   than the pool, let the victim's application send its prompt again (*our reproduction's model*
-   of a victim and an attacker sharing a cache), then time one burst per guess in a random order;
-3. a **rank test** within cycles (after Gu et al., ICML 2025), Bonferroni over guesses and looks;
-   no verdict after `max_cycles` means no hit. With `cache_salt` nothing is faster.
+At 1-token pages a hit saves one token of prefill, far below a busy CPU's noise, so: a **burst** of
+`burst` probes per guess prefilled in one step (a hit saves `burst` tokens); **cycles** of fresh
+samples (flush the cache with filler longer than the pool, let the victim's application send its
+prompt again: *our reproduction's model*, then time one burst per guess in a random order); and a
+**rank test** within cycles (after Gu et al., ICML 2025), Bonferroni over guesses and looks, no
+verdict after `max_cycles` meaning no hit. With `cache_salt` nothing is faster.
 """
 
 from __future__ import annotations

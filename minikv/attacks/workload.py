@@ -76,8 +76,7 @@ def realistic_secret(rng: random.Random, field: str) -> str:
     """A value shaped like the field: a card number, a pin, an API key, a name..."""
     digits = lambda n: "".join(rng.choice(string.digits) for _ in range(n))  # noqa: E731
     if field == "card":
-        sep = rng.choice([" ", "-"])
-        return sep.join(digits(4) for _ in range(4))
+        return rng.choice([" ", "-"]).join(digits(4) for _ in range(4))  # the separator drawn first
     if field == "pin":
         return digits(rng.choice([4, 6]))
     if field == "key":

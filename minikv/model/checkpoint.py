@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama, ModelConfig
@@ -96,8 +97,6 @@ def hf_config_for(config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> Ll
 
 def load_hf_config(path: Path) -> LlamaConfig:
     """Read and check config.json of a local Llama checkpoint."""
-    from transformers import AutoConfig
-
     if path.is_file():
         raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one holding config.json)")
     if not path.is_dir():
@@ -116,8 +115,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def load_tokenizer(path: Path, hf_config: LlamaConfig) -> PreTrainedTokenizerBase:
     """The checkpoint's own tokenizer, checked to fit the embedding table, or CheckpointError in one line."""
-    from transformers import AutoTokenizer
-
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)}")
     tokenizer = load_or_refuse(f"cannot load a tokenizer from {path} (tokenizer.json, tokenizer_config.json)",
@@ -143,8 +140,6 @@ def and_more(keys: list) -> str:
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' warnings and multi-line load report: load_model says what matters in one line."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a startup log, not a progress bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -242,11 +237,8 @@ def to_hf_model(model: Llama, tokenizer: PreTrainedTokenizerBase) -> LlamaForCau
 
 
 def save_checkpoint(model: Llama, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM."""
-    path = Path(path)
-    hf_model = to_hf_model(model.cpu(), tokenizer)
-    hf_model.generation_config.eos_token_id = tokenizer.eos_token_id
-    hf_model.generation_config.pad_token_id = tokenizer.pad_token_id
-    hf_model.save_pretrained(path)
+    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM (the
+    generation config takes eos and pad from hf_config_for's)."""
+    to_hf_model(model.cpu(), tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
+    return Path(path)

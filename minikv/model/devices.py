@@ -32,8 +32,7 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise DeviceError(f"device {str(name)!r}: Apple's Metal backend (mps) is not available here; use cpu")
     if device.type == "meta":
-        raise DeviceError("device 'meta' holds tensor shapes but no data, so it cannot run a model; "
-                          f"use {DEVICE_CHOICES}")
+        raise DeviceError(f"device 'meta' holds tensor shapes but no data, so it cannot run a model; use {DEVICE_CHOICES}")
     if device.type not in ("cpu", "cuda", "mps"):
         raise DeviceError(f"device {str(name)!r} ({device.type}) is not supported: use {DEVICE_CHOICES}")
     return device

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 MAX_TEMPERATURE = 100.0  # far past where sampling is uniform noise; only a typo goes higher
-SEED_LIMIT = 2**64  # torch.Generator takes seeds in [0, 2**64)
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class SamplingParams:
         if not finite(p) or not 0 < p <= 1:
             return f"top_p must be a finite number in (0, 1], got {p!r}"
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed < SEED_LIMIT):
+                                      or not 0 <= self.seed < 2**64):  # torch.Generator's seeds
             return f"seed must be an integer in [0, 2**64), got {self.seed!r}"
         return None
 

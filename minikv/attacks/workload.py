@@ -56,18 +56,13 @@ class Note:
         return f"saved {self.field} {self.value}."
 
 
-NOTHING_REPLY = "saved nothing."
-
-
 def check_secret(secret: str) -> str:
     """Validate a user-supplied secret: 1-40 letters, digits, spaces, '-' or ','."""
     if not 1 <= len(secret) <= MAX_SECRET_CHARS:
         raise ValueError(f"secret must be 1 to {MAX_SECRET_CHARS} characters, got {len(secret)}")
     bad = sorted(set(secret) - set(SECRET_ALPHABET))
     if bad:
-        raise ValueError(
-            f"secret has characters outside letters, digits, space, '-' and ',': {bad}"
-        )
+        raise ValueError(f"secret has characters outside letters, digits, space, '-' and ',': {bad}")
     return secret
 
 
@@ -81,8 +76,7 @@ def realistic_secret(rng: random.Random, field: str) -> str:
     """A value shaped like the field: a card number, a pin, an API key, a name..."""
     digits = lambda n: "".join(rng.choice(string.digits) for _ in range(n))  # noqa: E731
     if field == "card":
-        sep = rng.choice([" ", "-"])
-        return sep.join(digits(4) for _ in range(4))
+        return rng.choice([" ", "-"]).join(digits(4) for _ in range(4))  # the separator drawn first
     if field == "pin":
         return digits(rng.choice([4, 6]))
     if field == "key":
@@ -113,8 +107,7 @@ def random_note(rng: random.Random, secret_share: float = 0.8, patterned_share: 
         field = rng.choice(SECRET_FIELDS)
         if patterned_share and rng.random() < patterned_share:  # no draw at 0: seeded workloads stay put
             return Note(field, patterned_secret(rng))
-        value = random_secret(rng) if rng.random() < 0.5 else realistic_secret(rng, field)
-        return Note(field, value)
+        return Note(field, random_secret(rng) if rng.random() < 0.5 else realistic_secret(rng, field))
     return Note(rng.choice(ORDINARY_FIELDS), rng.choice(ORDINARY_PHRASES))
 
 
@@ -138,8 +131,7 @@ def note_prompt(tenant: str, note: Note) -> str:
 def long_document_prompt(tenant: str, num_chars: int, rng: random.Random) -> str:
     """A prompt of exactly `num_chars` characters holding only document text (no note)."""
     head = f"{tenant}: "
-    body = document_sentence(rng, num_chars)  # a little longer than needed
-    body = body[: num_chars - len(head) - 2].rstrip() + "."
+    body = document_sentence(rng, num_chars)[: num_chars - len(head) - 2].rstrip() + "."  # cut, then padded
     prompt = head + body.ljust(num_chars - len(head) - 1, ".") + "\n"
     assert len(prompt) == num_chars, (len(prompt), num_chars)
     return prompt
@@ -149,7 +141,7 @@ def expected_reply(prompt: str) -> str:
     """What the assistant should answer to `prompt`: the note it holds, repeated."""
     marker = prompt.find("save ")
     if marker < 0:
-        return NOTHING_REPLY
+        return "saved nothing."
     end = prompt.find(".", marker)
     field, _, value = prompt[marker + 5 : end].partition(" ")
     return Note(field, value).reply

@@ -1,24 +1,23 @@
-"""Load any local Hugging Face Llama checkpoint into minikv's model, and save ours as one.
-
-Everything goes through `transformers` (config, weights, tokenizer), from a local directory:
-nothing is fetched from a hub. A directory that is missing or not a Llama checkpoint gives a
-`CheckpointError` that says what is wrong, never a traceback from deep inside a library.
-"""
+"""Load any local Hugging Face Llama checkpoint into minikv's model, and save ours as one: through
+`transformers` (config, weights, tokenizer), from a local directory, never from a hub."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama, ModelConfig
 
+T = TypeVar("T")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_DIR = REPO_ROOT / "data" / "tiny-llama"
 
@@ -30,16 +29,10 @@ class CheckpointError(ValueError):
 # minikv's ModelConfig field -> transformers' LlamaConfig field: the one map both directions read.
 # (rope_theta is the exception: transformers keeps it inside `rope_parameters`.)
 HF_FIELDS: dict[str, str] = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "max_position_embeddings": "max_position_embeddings",
-    "rms_norm_eps": "rms_norm_eps",
-    "tie_word_embeddings": "tie_word_embeddings",
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim", "max_position_embeddings": "max_position_embeddings",
+    "rms_norm_eps": "rms_norm_eps", "tie_word_embeddings": "tie_word_embeddings",
 }
 OPTIONAL_HF_FIELDS = {"num_key_value_heads", "head_dim"}  # None: derived from the head count
 
@@ -53,16 +46,18 @@ def describe_model_dir(path: str | Path | None) -> str:
     """Where a model comes from, for a startup log: the path, and why that one."""
     if path is not None:
         return str(path)
-    if "MINIKV_MODEL" in os.environ:
-        return f"{os.environ['MINIKV_MODEL']} (from MINIKV_MODEL)"
-    return "data/tiny-llama (shipped)"
+    env = os.environ.get("MINIKV_MODEL")
+    return f"{env} (from MINIKV_MODEL)" if env is not None else "data/tiny-llama (shipped)"
 
 
-def one_line(error: BaseException) -> str:
-    """The first non-empty line of a library's error message, for a one-line report."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    first = lines[0] if lines else type(error).__name__
-    return first if len(first) <= 300 else first[:297] + "..."
+def load_or_refuse(what: str, load: Callable[[], T]) -> T:
+    """`load()`, or CheckpointError "`what`: the first line of the library's message" (never a traceback)."""
+    try:
+        return load()
+    except Exception as e:  # malformed JSON, unknown fields, unreadable files: report, don't crash
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        first = lines[0] if lines else type(e).__name__
+        raise CheckpointError(f"{what}: {first if len(first) <= 300 else first[:297] + '...'}") from None
 
 
 def model_config_from_hf(hf_config: LlamaConfig) -> ModelConfig:
@@ -91,29 +86,21 @@ def model_config_from_hf(hf_config: LlamaConfig) -> ModelConfig:
 
 def hf_config_for(config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
     """The transformers config that describes `config`, through the same HF_FIELDS."""
-    return LlamaConfig(
-        **{theirs: getattr(config, ours) for ours, theirs in HF_FIELDS.items()},
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    return LlamaConfig(**{theirs: getattr(config, ours) for ours, theirs in HF_FIELDS.items()},
+                       rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+                       bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
 def load_hf_config(path: Path) -> LlamaConfig:
     """Read and check config.json of a local Llama checkpoint."""
-    from transformers import AutoConfig
-
     if path.is_file():
         raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one holding config.json)")
     if not path.is_dir():
         raise CheckpointError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face checkpoint")
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as e:  # malformed JSON, unknown fields: report, don't crash
-        raise CheckpointError(f"cannot read {path / 'config.json'}: {one_line(e)}") from None
+    config = load_or_refuse(f"cannot read {path / 'config.json'}",
+                            lambda: AutoConfig.from_pretrained(path, local_files_only=True))
     if config.model_type != "llama":
         raise CheckpointError(f"{path} holds a {config.model_type!r} model; minikv runs Llama-family models only")
     return config
@@ -122,30 +109,23 @@ def load_hf_config(path: Path) -> LlamaConfig:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    """The checkpoint's own tokenizer, or CheckpointError in one line."""
-    from transformers import AutoTokenizer
-
+def load_tokenizer(path: Path, hf_config: LlamaConfig) -> PreTrainedTokenizerBase:
+    """The checkpoint's own tokenizer, checked to fit the embedding table, or CheckpointError in one line."""
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)}")
-    try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot load a tokenizer from {path} (tokenizer.json, tokenizer_config.json): "
-                              f"{one_line(e)}") from None
-
-
-def vocabulary_problem(hf_config: LlamaConfig, tokenizer: PreTrainedTokenizerBase) -> str | None:
-    """Why the tokenizer's ids or the config's special ids do not fit the embedding table, if they don't."""
-    if len(tokenizer) > hf_config.vocab_size:
-        return (f"the tokenizer has {len(tokenizer)} tokens but config.json says vocab_size={hf_config.vocab_size}: "
-                f"ids from {hf_config.vocab_size} up would have no embedding")
+    tokenizer = load_or_refuse(f"cannot load a tokenizer from {path} (tokenizer.json, tokenizer_config.json)",
+                               lambda: AutoTokenizer.from_pretrained(path, local_files_only=True))
+    vocab = hf_config.vocab_size
+    if len(tokenizer) > vocab:
+        raise CheckpointError(f"{path}: the tokenizer has {len(tokenizer)} tokens but config.json says "
+                              f"vocab_size={vocab}: ids from {vocab} up would have no embedding")
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         ids = getattr(hf_config, name, None)
         for token_id in ids if isinstance(ids, list) else [ids]:
-            if token_id is not None and not 0 <= token_id < hf_config.vocab_size:
-                return f"config.json: {name} {token_id} is outside the vocabulary (vocab_size={hf_config.vocab_size})"
-    return None
+            if token_id is not None and not 0 <= token_id < vocab:
+                raise CheckpointError(f"{path}: config.json: {name} {token_id} is outside the vocabulary "
+                                      f"(vocab_size={vocab})")
+    return tokenizer
 
 
 def and_more(keys: list) -> str:
@@ -153,31 +133,9 @@ def and_more(keys: list) -> str:
     return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
 
 
-def weights_problem(hf_config: LlamaConfig, expected: set[str], info: dict) -> str | None:
-    """What disagrees between config.json and the weights, from transformers' loading report."""
-    missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
-    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]  # old checkpoints: a derived buffer
-    layers = {int(m.group(1)) for k in (expected - set(missing)) | set(unexpected)
-              if (m := re.match(r"model\.layers\.(\d+)\.", k))}
-    held = max(layers) + 1 if layers else 0
-    if held != hf_config.num_hidden_layers:
-        return f"config.json says num_hidden_layers={hf_config.num_hidden_layers} but the weights hold {held} layers"
-    if mismatched:
-        key, in_file, from_config = sorted(mismatched)[0]
-        return (f"{key} is {tuple(in_file)} in the weights but config.json implies {tuple(from_config)}"
-                f"{and_more(mismatched)}: config.json does not describe these weights")
-    if missing:
-        return f"the weights lack {sorted(missing)[0]}{and_more(missing)}, which config.json describes"
-    if unexpected:
-        return f"the weights hold {sorted(unexpected)[0]}{and_more(unexpected)}, which config.json does not describe"
-    return None
-
-
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' warnings and multi-line load report: load_model says what matters in one line."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a startup log, not a progress bar
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -188,23 +146,32 @@ def quiet_transformers() -> Iterator[None]:
 
 
 def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> LlamaForCausalLM:
-    """transformers' LlamaForCausalLM from `path`, refused in one line unless every tensor matches config.json."""
-    try:
-        hf_model, info = LlamaForCausalLM.from_pretrained(
-            path, dtype=dtype, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True)
-    except Exception as e:
-        raise CheckpointError(f"cannot load weights from {path}: {one_line(e)}") from None
-    problem = weights_problem(hf_config, set(hf_model.state_dict()), info)
-    if problem:
-        raise CheckpointError(f"{path}: {problem}")
-    return hf_model
+    """transformers' LlamaForCausalLM from `path`, refused in one line unless every tensor matches
+    config.json (from transformers' loading report)."""
+    hf_model, info = load_or_refuse(f"cannot load weights from {path}", lambda: LlamaForCausalLM.from_pretrained(
+        path, dtype=dtype, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True))
+    missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
+    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]  # old checkpoints: a derived buffer
+    layers = {int(m.group(1)) for k in (set(hf_model.state_dict()) - set(missing)) | set(unexpected)
+              if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    held = max(layers) + 1 if layers else 0
+    if held != hf_config.num_hidden_layers:
+        problem = f"config.json says num_hidden_layers={hf_config.num_hidden_layers} but the weights hold {held} layers"
+    elif mismatched:
+        key, in_file, from_config = sorted(mismatched)[0]
+        problem = (f"{key} is {tuple(in_file)} in the weights but config.json implies {tuple(from_config)}"
+                   f"{and_more(mismatched)}: config.json does not describe these weights")
+    elif missing:
+        problem = f"the weights lack {sorted(missing)[0]}{and_more(missing)}, which config.json describes"
+    elif unexpected:
+        problem = f"the weights hold {sorted(unexpected)[0]}{and_more(unexpected)}, which config.json does not describe"
+    else:
+        return hf_model
+    raise CheckpointError(f"{path}: {problem}")
 
 
-def load_model(
-    path: str | Path | None = None,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> tuple[Llama, PreTrainedTokenizerBase]:
+def load_model(path: str | Path | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32) -> tuple[Llama, PreTrainedTokenizerBase]:
     """Build minikv's Llama from a local checkpoint directory and return it with its tokenizer."""
     target = pick_device(device)  # a device this machine lacks fails before anything loads
     path = Path(path) if path is not None else default_model_dir()
@@ -214,10 +181,7 @@ def load_model(
             config = model_config_from_hf(hf_config)
         except ValueError as e:
             raise CheckpointError(f"{path}: {e}") from None
-        tokenizer = load_tokenizer(path)
-        problem = vocabulary_problem(hf_config, tokenizer)
-        if problem:
-            raise CheckpointError(f"{path}: {problem}")
+        tokenizer = load_tokenizer(path, hf_config)
         hf_model = load_hf_weights(path, hf_config, dtype)
     model = Llama(config).to(dtype)
     model.load_state_dict(from_hf_state_dict(hf_model.state_dict(), config))
@@ -269,11 +233,8 @@ def to_hf_model(model: Llama, tokenizer: PreTrainedTokenizerBase) -> LlamaForCau
 
 
 def save_checkpoint(model: Llama, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM."""
-    path = Path(path)
-    hf_model = to_hf_model(model.cpu(), tokenizer)
-    hf_model.generation_config.eos_token_id = tokenizer.eos_token_id
-    hf_model.generation_config.pad_token_id = tokenizer.pad_token_id
-    hf_model.save_pretrained(path)
+    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM (the
+    generation config takes eos and pad from hf_config_for's)."""
+    to_hf_model(model.cpu(), tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
+    return Path(path)

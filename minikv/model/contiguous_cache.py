@@ -1,8 +1,6 @@
-"""The naive KV cache: every request reserves its own tensor for its maximum length.
-
-This is notebook 01's cache and the benchmarks' baseline. It is simple and fast, and it wastes
-memory: a row of `max_len` slots is held from the first token whether the request ends up
-using 20 of them or all of them. Page pools (page_pool.py) exist to stop that waste.
+"""The naive KV cache (notebook 01, and the benchmarks' baseline): every request reserves its own
+row of `max_len` slots from its first token, whether it ends up using 20 of them or all of them.
+Page pools (engine/page_pool.py) exist to stop that waste.
 """
 
 from __future__ import annotations
@@ -24,10 +22,6 @@ class ContiguousCache:
         self.max_len = max_len
         self.seq_lens = [0] * num_rows  # tokens cached per row
 
-    @property
-    def reserved_bytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
     def step(self, rows: list[int], num_new: int) -> "ContiguousStep":
         """A backend for one forward that appends `num_new` tokens to each of `rows`."""
         for r in rows:
@@ -48,9 +42,8 @@ class ContiguousStep:
         self.cache, self.rows, self.num_new = cache, rows, num_new
         device = cache.kv.device
         self.row_index = torch.tensor(rows, device=device)  # (B,)
-        starts = torch.tensor([cache.seq_lens[r] for r in rows], device=device)  # (B,)
-        self.write_pos = starts[:, None] + torch.arange(num_new, device=device)  # (B, T)
-        self.span = int(starts.max()) + num_new  # keys any row can see
+        self.write_pos = cache.positions(rows, num_new).to(device)  # (B, T)
+        self.span = max(cache.seq_lens[r] for r in rows) + num_new  # keys any row can see
         key_pos = torch.arange(self.span, device=device)  # (S,)
         self.mask = key_pos[None, None, :] <= self.write_pos[:, :, None]  # (B, T, S) causal per row
 
@@ -59,8 +52,7 @@ class ContiguousStep:
         rows = self.row_index[:, None].expand_as(self.write_pos)  # (B, T)
         kv[0, rows, self.write_pos] = k  # k: (B, T, KVH, D)
         kv[1, rows, self.write_pos] = v
-        keys = kv[0, self.row_index, : self.span]  # (B, S, KVH, D)
-        values = kv[1, self.row_index, : self.span]
+        keys, values = kv[:, self.row_index, : self.span]  # (B, S, KVH, D) each
         return masked_attention(q, keys, values, self.mask)
 
     def commit(self) -> None:

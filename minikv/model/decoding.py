@@ -1,8 +1,7 @@
 """Greedy decoding for one request, with and without a KV cache (notebook 01's comparison).
 
-Without a cache, every new token re-runs the whole sequence: step t costs O(t) token forwards.
-With a cache, step t runs one token and reads the t cached keys and values. Both must produce
-the same tokens; only the cost differs.
+Without a cache step t re-runs all t tokens; with one it runs one token and reads t cached keys and
+values. Both must produce the same tokens; only the cost differs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Which device runs the engine, and how much memory it has free: the one place a device name is read.
 
 `--device`, `load_model(device=...)` and `ClusterConfig.devices` all go through `pick_device`, so a
-device this machine lacks ("cuda" on a CPU-only torch, "cuda:1" with one GPU, "mps" off a Mac) or
-one that cannot hold data ("meta") is refused by name before anything is loaded onto it.
+device this machine lacks or one that cannot hold data ("meta") is refused before anything loads.
 """
 
 from __future__ import annotations
@@ -26,39 +25,31 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise DeviceError(f"unknown device {str(name)!r}: use {DEVICE_CHOICES}") from None
-    if device.type == "cpu":
-        return device
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError(f"device {str(name)!r}: this machine's torch ({torch.__version__}) sees no CUDA GPU; use cpu")
-        count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
-            raise DeviceError(f"device {str(name)!r}: this machine has {count} CUDA device(s), numbered 0 to {count - 1}")
-        return device
-    if device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise DeviceError(f"device {str(name)!r}: Apple's Metal backend (mps) is not available here; use cpu")
-        return device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"device {str(name)!r}: this machine's torch ({torch.__version__}) sees no CUDA GPU; use cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
+        raise DeviceError(f"device {str(name)!r}: this machine has {count} CUDA device(s), numbered 0 to {count - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"device {str(name)!r}: Apple's Metal backend (mps) is not available here; use cpu")
     if device.type == "meta":
-        raise DeviceError("device 'meta' holds tensor shapes but no data, so it cannot run a model; "
-                          f"use {DEVICE_CHOICES}")
-    raise DeviceError(f"device {str(name)!r} ({device.type}) is not supported: use {DEVICE_CHOICES}")
+        raise DeviceError(f"device 'meta' holds tensor shapes but no data, so it cannot run a model; use {DEVICE_CHOICES}")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"device {str(name)!r} ({device.type}) is not supported: use {DEVICE_CHOICES}")
+    return device
 
 
 def available_memory_bytes(device: torch.device) -> int | None:
     """Bytes that can still be allocated on `device`, or None when this machine does not say."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:  # Linux: MemAvailable counts reclaimable caches too
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    return None
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:  # Linux: MemAvailable counts reclaimable caches too
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

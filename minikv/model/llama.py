@@ -1,18 +1,14 @@
 """A Llama-family decoder whose attention reads and writes a cache the caller passes in.
 
-RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU MLP, with
-parameter names that match `transformers`' `LlamaForCausalLM`, so any local Llama checkpoint
-loads straight into it (see checkpoint.py) and its logits can be compared with the original.
-
-Three things differ from the usual one-file GPT, all on purpose:
-- positions are an explicit input, one per token, because in a paged engine a token's
-  position is a property of its request, not of where it sits in the batch;
-- keys and values go to an `AttentionBackend` (attention/dense.py), so the same forward runs
-  over a contiguous cache (contiguous_cache.py), a shared page pool (engine/paged_step.py), or no
-  cache at all;
-- Q, K and V come out of one matrix (`qkv_proj`), and the MLP's gate and up projections out of
-  another (`gate_up_proj`), as vLLM and nano-vllm pack them: one larger matmul instead of three
-  or two small ones. checkpoint.py packs transformers' separate weights on load (`PACKED`).
+RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU MLP, named as in
+`transformers`' `LlamaForCausalLM`, so a local Llama checkpoint loads into it (checkpoint.py) and
+its logits can be compared with the original. Three things differ from the usual one-file GPT:
+- positions are an input, one per token: in a paged engine a token's position belongs to its
+  request, not to where it sits in the batch;
+- keys and values go to an `AttentionBackend` (attention/dense.py), so one forward runs over a
+  contiguous cache (contiguous_cache.py), a shared page pool (engine/paged_step.py) or no cache;
+- Q, K and V come out of one matrix (`qkv_proj`), the MLP's gate and up out of another
+  (`gate_up_proj`), as vLLM and nano-vllm pack them: one larger matmul instead of three or two.
 """
 
 from __future__ import annotations
@@ -44,10 +40,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
-                f"({self.num_kv_heads}) for grouped-query attention"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads}) for grouped-query attention")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
 
@@ -92,12 +86,10 @@ class Rotary(nn.Module):
 
     @staticmethod
     def rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
-        """x (..., heads, D) rotated by the angles of its positions.
-
-        With halves (x1, x2): (x1 cos - x2 sin, x2 cos + x1 sin), written as x * cos and then each
-        half's product with the other half in place: one new tensor, where transformers'
-        x * cos + rotate_half(x) * sin makes four. The bits are the same (rope_reference, tested).
-        """
+        """x (..., heads, D) rotated by the angles of its positions: with halves (x1, x2),
+        (x1 cos - x2 sin, x2 cos + x1 sin), as x * cos and then each half's product with the other
+        in place: one new tensor where transformers' x * cos + rotate_half(x) * sin makes four,
+        the same bits (rope_reference, tested)."""
         cos, sin = cos_sin
         half = x.shape[-1] // 2
         out = x * cos  # (..., heads, D)
@@ -119,8 +111,7 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
-        self.head_dim = config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         h, d = config.hidden_size, config.head_dim
         self.qkv_proj = nn.Linear(h, (config.num_heads + 2 * config.num_kv_heads) * d, bias=False)  # q | k | v rows
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
@@ -169,7 +160,6 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend,
                 rows: Tensor | None = None) -> Tensor:
-        """Every token's output, or with `rows` (M,) only those tokens' (every token's K/V is still stored)."""
         attn = self.self_attn(self.input_layernorm(x), cos_sin, kv, rows)
         x = (x if rows is None else x[rows]) + attn
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -191,20 +181,15 @@ class Llama(nn.Module):
 
     def forward(self, input_ids: Tensor, positions: Tensor, kv: AttentionBackend,
                 logits_index: Tensor | None = None, last_layer_on_logits_only: bool = False) -> Tensor:
-        """Run the new tokens through every layer; the backend keeps their K/V.
+        """Logits (..., vocab_size) in float32 of the new tokens; the backend `kv` keeps their K/V.
 
         Args:
             input_ids: (N,) a flat batch of new tokens, or (B, T) for dense attention.
-            positions: same shape as input_ids: each token's position in its own request.
-            kv: where K/V are written and read (attention/dense.py).
-            logits_index: optional (M,) indices of the tokens whose logits are needed (the
-                last token of each request), to skip the vocabulary projection for the rest.
-            last_layer_on_logits_only: the last layer stores every token's K/V but computes
-                queries, attention, o_proj and the MLP only for the `logits_index` rows, since no
-                other row's output there is ever read (the backend must take `last_only`, as
-                PagedStep does). tests/test_model.py checks that both ways give the same logits.
-        Returns:
-            logits (..., vocab_size) in float32.
+            positions: same shape: each token's position in its own request.
+            logits_index: optional (M,) rows whose logits are needed (each request's last token).
+            last_layer_on_logits_only: the last layer stores every token's K/V but computes the
+                rest only for the `logits_index` rows, the only ones read (the backend must take
+                `last_only`, as PagedStep does; tests/test_model.py checks both give the same logits).
         """
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")

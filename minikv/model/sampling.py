@@ -1,9 +1,5 @@
-"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling.
-
-Sampling must be safe for any value that passes `problem()`: a temperature of 1e-300 divides
-logits into infinities and a top_p of 1e-300 keeps nothing, unless the arithmetic is arranged
-so that neither can happen (subtract the largest logit first, always keep the top token).
-"""
+"""Choosing the next token: greedy by default, or seeded temperature / top-p sampling that is safe
+for any value `problem()` lets through (a temperature or top_p of 1e-300 included)."""
 
 from __future__ import annotations
 
@@ -14,11 +10,6 @@ import torch
 from torch import Tensor
 
 MAX_TEMPERATURE = 100.0  # far past where sampling is uniform noise; only a typo goes higher
-SEED_LIMIT = 2**64  # torch.Generator takes seeds in [0, 2**64)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -32,12 +23,13 @@ class SamplingParams:
     def problem(self) -> str | None:
         """Why these values are invalid (a one-line 400 naming the value), or None."""
         t, p = self.temperature, self.top_p
-        if not _is_number(t) or not math.isfinite(t) or not 0 <= t <= MAX_TEMPERATURE:
+        finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        if not finite(t) or not 0 <= t <= MAX_TEMPERATURE:
             return f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {t!r}"
-        if not _is_number(p) or not math.isfinite(p) or not 0 < p <= 1:
+        if not finite(p) or not 0 < p <= 1:
             return f"top_p must be a finite number in (0, 1], got {p!r}"
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed < SEED_LIMIT):
+                                      or not 0 <= self.seed < 2**64):  # torch.Generator's seeds
             return f"seed must be an integer in [0, 2**64), got {self.seed!r}"
         return None
 
@@ -47,9 +39,7 @@ class SamplingParams:
 
     def new_generator(self) -> torch.Generator | None:
         """The request's own random stream (seed 0 when none is given), or None when greedy."""
-        if self.greedy:
-            return None
-        return torch.Generator().manual_seed(self.seed if self.seed is not None else 0)
+        return None if self.greedy else torch.Generator().manual_seed(self.seed if self.seed is not None else 0)
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -1,39 +1,28 @@
 """The shipped model's character-level tokenizer, and the checks every prompt goes through.
 
-One token per character, so a leaked secret reads back exactly and a learner can count tokens
-by counting letters. Id 0 is the newline, which ends every prompt: when the real engine swaps
-a rejected prompt for the placeholder `[0]`, the placeholder here is a lone "end of prompt",
-and the model answers it as it answers any prompt.
-
-The tokenizer is a plain `tokenizers` WordLevel model wrapped in `PreTrainedTokenizerFast`, so
-`AutoTokenizer.from_pretrained("data/tiny-llama")` loads it without minikv installed.
+One token per character, so a leaked secret reads back exactly and a learner counts tokens by
+counting letters. Id 0 is the newline that ends every prompt: the placeholder `[0]` that the real
+engine swapped in for a rejected prompt is here a lone "end of prompt", answered like any prompt.
+A `tokenizers` WordLevel model in `PreTrainedTokenizerFast`: `AutoTokenizer` loads it without minikv.
 """
 
 from __future__ import annotations
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-EOS_TOKEN = "</s>"
-PAD_TOKEN = "<pad>"
-UNK_TOKEN = "<unk>"
 # "\n" first (id 0), then space and the printable ASCII characters, in code-point order.
 CHARACTERS: list[str] = ["\n", " "] + [chr(c) for c in range(33, 127)]
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A tokenizer with one id per character in CHARACTERS, then </s>, <pad>, <unk>."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {c: i for i, c in enumerate(CHARACTERS)}
-    for special in (EOS_TOKEN, PAD_TOKEN, UNK_TOKEN):
-        vocab[special] = len(vocab)
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    specials = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    vocab = {c: i for i, c in enumerate([*CHARACTERS, *specials.values()])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials["unk_token"]))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, unk_token=UNK_TOKEN,
-        clean_up_tokenization_spaces=False,
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=core, clean_up_tokenization_spaces=False, **specials)
 
 
 class PromptError(ValueError):
@@ -42,11 +31,8 @@ class PromptError(ValueError):
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of `text` read as plain characters: "</s>" in the text is 4 characters, never EOS.
-
-    `split_special_tokens=True` stops the tokenizer from matching special-token strings in the
-    text, so a prompt cannot smuggle a control token (end of sequence, padding) into the serving
-    layer. Every path that encodes prompt text goes through here.
-    """
+    `split_special_tokens=True` keeps a prompt from smuggling a control token (end of sequence,
+    padding) into the serving layer; every path that encodes prompt text goes through here."""
     return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 

@@ -1,0 +1,86 @@
+"""What notebook 11 shows of a real engine: the same text as minikv's, and the probe's verdicts on it.
+
+`peer_run(url, served, model, tok)` runs it against a served peer and returns a JSON-ready record: how many
+greedy replies equal minikv's, then a prompt past the window, then `minikv probe` twice, as a plain gateway sends (one shared
+cache) and as one that salts per key (`--salt-per-key`, with the eviction check). Where no peer is
+set up, notebook 11 shows the run recorded in RECORDED, written by `python -m minikv.serve.peer_run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import platform
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+from transformers import PreTrainedTokenizerBase
+
+from minikv.bench.benchmark import bench_workload
+from minikv.bench.serving import run_load
+from minikv.engine.config import EngineConfig
+from minikv.engine.engine import Engine
+from minikv.engine.request import Request
+from minikv.model.llama import Llama
+from minikv.probe.run import probe_endpoint
+from minikv.serve.peer_venv import installed
+
+RECORDED = Path(__file__).resolve().parents[2] / "data" / "vllm_run.json"
+KEYS = ("sk-tenant-a", "sk-tenant-b")  # the peer takes any bearer key: to it, these are two tenants only by salt
+PROBES = {
+    "shared": {"seed": 0, "checks": ["canary", "honesty", "prefix-cache"]},
+    "salted": {"seed": 0, "checks": ["prefix-cache", "eviction"], "salt_per_key": True},
+}
+REQUESTS = 24  # of the benchmark's workload, for the same-text check
+PAST_WINDOW = 1100  # tokens (characters, for the shipped model): past the 1,024-token window
+
+
+def same_text(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase, requests: int = REQUESTS) -> dict:
+    """The benchmark's first `requests` requests, greedy: minikv's engine in-process against the peer over HTTP."""
+    workload = bench_workload(requests, seed=0)
+    engine = Engine(model, tok, EngineConfig(num_pages=256, event_log=False))
+    ids = [engine.submit(Request(r.prompt, "bench", r.max_tokens)) for r in workload]
+    ours = {r.request_id: r.text for r in engine.run()}
+    with ThreadPoolExecutor(1) as pool:  # a thread of its own: a notebook's kernel already runs an event loop
+        theirs = pool.submit(asyncio.run, run_load(url, served, workload, clients=8)).result().texts
+    return {"requests": requests, "equal": sum(ours[i] == t for i, t in zip(ids, theirs))}
+
+
+def past_the_window(url: str, served: str) -> dict:
+    """A prompt past the window: the status and the error message the peer answers."""
+    reply = httpx.post(url + "/v1/completions", json={"model": served, "prompt": "a" * (PAST_WINDOW - 1) + "\n",
+                                                      "max_tokens": 1}, timeout=60)
+    return {"prompt_tokens": PAST_WINDOW, "status": reply.status_code, "error": reply.json().get("error", {}).get("message")}
+
+
+def peer_run(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase) -> dict:
+    """The record notebook 11 reads: same text, a prompt past the window, each probe's report (its JSON).
+    `served`: the peer's model name. (The probe's over-length check times prefill: too close to call
+    under load on an engine that prefills a window in 30 ms, so the refusal is read directly.)"""
+    run = {"same_text": same_text(url, served, model, tok), "past_window": past_the_window(url, served)}
+    for name, settings in PROBES.items():
+        run[name] = probe_endpoint(url, *KEYS, **{**settings, "checks": tuple(settings["checks"])}).to_json()
+    return run
+
+
+def record(path: Path = RECORDED) -> dict:
+    """Start vLLM (`peer serve`'s settings), run everything, and write the record with when, what and where."""
+    from minikv.model.checkpoint import load_model
+    from minikv.serve.peer import PeerServer
+
+    versions = installed("vllm")
+    assert versions, "vLLM is not set up: python -m minikv peer setup vllm"
+    with PeerServer() as peer:
+        run = peer_run(peer.url, peer.model, *load_model())
+    run = {"recorded": datetime.date.today().isoformat(), "command": "python -m minikv.serve.peer_run",
+           "versions": {k: versions[k] for k in ("vllm", "torch", "transformers")},
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}", **run}
+    path.write_text(json.dumps(run, indent=1) + "\n")
+    return run
+
+
+if __name__ == "__main__":
+    print(f"wrote {RECORDED}: " + json.dumps({k: v for k, v in record().items() if k in ("recorded", "same_text")}))

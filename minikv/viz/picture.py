@@ -1,10 +1,7 @@
 """A matplotlib figure that a notebook shows as a PNG, with a stable one-line text.
 
-Notebooks are checked with nbval, which compares the text/plain of every output but not the
-PNGs. A `Picture` therefore carries a sentence that says what it shows (deterministic: no memory
-addresses, no timings), and renders its figure to PNG only when a front end asks for it.
-Figures are built with `matplotlib.figure.Figure`, not pyplot, so nothing is shown twice and
-nothing piles up in pyplot's list of open figures.
+nbval compares every output's text but not its PNG, so a `Picture` carries a deterministic
+sentence saying what it shows, and renders its PNG only when a front end asks (docs/pictures.md).
 """
 
 from __future__ import annotations
@@ -41,8 +38,3 @@ class Picture:
 
     def __repr__(self) -> str:
         return self.text
-
-    def save(self, path: str) -> None:
-        """Write the PNG to `path`."""
-        with open(path, "wb") as f:
-            f.write(self.png())

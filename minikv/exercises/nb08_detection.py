@@ -1,9 +1,5 @@
-"""Checkers for notebook 08 (detection and response).
-
-Each checker builds small gateway logs whose right answer is known by construction (which
-reply was stored, which text holds a record number, which calls leaked), so that a constant or
-an answer copied from the shipped log does not pass.
-"""
+"""Checkers for notebook 08 (detection and response), on small gateway logs whose answer is known by
+construction (which reply was stored, which text holds a record number, which calls leaked)."""
 
 from __future__ import annotations
 
@@ -51,10 +47,8 @@ def check_unreviewable(fn: Callable[[list[GatewayRecord]], Iterable[str]]) -> No
         assert isinstance(got, (set, frozenset)), (
             f"generated set #{seed}: expected a set of request ids, got {type(got).__name__} {got!r}. "
             "A set has no order and no repeats, and the next cell compares it with the checklist's set.")
-        expect(got, want,
-               f"generated set #{seed} of {len(records)} calls",
-               "A reply that came back (status 200) with no stored text can never be reviewed; "
-               "a failed call returned nothing to review.")
+        expect(got, want, f"generated set #{seed} of {len(records)} calls", "A reply that came back (status 200) "
+               "with no stored text can never be reviewed; a failed call returned nothing to review.")
     print("Correct on 5 generated sets: treat every unstored 200 in the set as exposed.")
 
 

@@ -1,8 +1,5 @@
-"""Checkers for notebook 10 (the leak over HTTP): the server's key check and the probe's canary match.
-
-Each compares a learner's function with the code the server and the probe run
-(`serve.app.tenant_for`, `probe.canary.holds_canary`) on listed and generated cases.
-"""
+"""Checkers for notebook 10 (the leak over HTTP), against the code the server and the probe run:
+the key check (`serve.app.tenant_for`) and the canary match (`probe.canary.holds_canary`)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import random
 import string
 from collections.abc import Callable
 
-from minikv.exercises import expect
+from minikv.exercises import expect_cases
 from minikv.probe.canary import CANARY_CHARS, MATCH_CHARS, holds_canary
 from minikv.serve.app import tenant_for
 from minikv.serve.schemas import APIError
@@ -31,10 +28,9 @@ def check_tenant_of(fn: Callable[[str | None, dict[str, str]], str | None]) -> N
     a, b, _ = keys
     headers = [f"Bearer {a}", f"Bearer {b}", f"bearer {a}", f"Bearer {a} ", f"Basic {a}", a, "Bearer alice",
                f"Bearer {a[:-1]}", "Bearer ", "", None, f"Bearer {b}x", f"BEARER {b}"]
-    for header in headers:
-        expect(fn(header, dict(keys)), served_as(header, keys), f"Authorization {header!r} with keys {keys}",
-               "Only a known key after the word Bearer (any case) names a tenant; anything else is a 401.")
-    print(f"correct on {len(headers)} headers: the key, and only the key, decides who is who")
+    expect_cases(fn, served_as, [(header, keys) for header in headers], "Authorization {!r} with keys {}",
+                 "Only a known key after the word Bearer (any case) names a tenant; anything else is a 401.",
+                 "correct on {} headers: the key, and only the key, decides who is who")
 
 
 def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
@@ -49,7 +45,6 @@ def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
         near = canary[start:start + MATCH_CHARS - 1]  # one character short of a match
         cases += [(f"saved key {canary}.", canary), (f"saved key {part}.", canary), (f"saved key {near}.", canary),
                   ("saved nothing.", canary), (f"saved key {canary.lower()}.", canary), (f"{part[:4]} {part[4:]}", canary)]
-    for text, canary in cases:
-        expect(fn(text, canary), holds_canary(text, canary), f"reply {text!r}, canary {canary!r}",
-               f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.")
-    print(f"correct on {len(cases)} replies: whole canaries, fragments and near misses")
+    expect_cases(fn, holds_canary, cases, "reply {!r}, canary {!r}",
+                 f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.",
+                 "correct on {} replies: whole canaries, fragments and near misses")

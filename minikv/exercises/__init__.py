@@ -6,8 +6,6 @@ prints one line when all pass, else raises AssertionError naming the case, what 
 what came back. `tests/test_exercises.py` runs each against constants and the hidden solution.
 """
 
-from __future__ import annotations
-
 import copy
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -1,7 +1,5 @@
 """Checkers for notebook 01 (KV caching from first principles)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
@@ -45,7 +43,8 @@ def counted_attention_reads(prompt_len: int, new_tokens: int) -> int:
 def check_attention_reads(fn: Callable[[int, int], int]) -> None:
     """fn(prompt_len, new_tokens) -> K/V vectors read by attention, per layer and head, with a cache."""
     rng = random.Random(1)
-    cases = [(1, 1), (5, 3), (100, 20), (681, 1), (12, 50)] + [(rng.randint(1, 900), rng.randint(1, 64)) for _ in range(6)]
+    cases = [(1, 1), (5, 3), (100, 20), (681, 1), (12, 50)]
+    cases += [(rng.randint(1, 900), rng.randint(1, 64)) for _ in range(6)]
     expect_cases(fn, counted_attention_reads, cases, "prompt {} tokens, {} new tokens",
                  "Every position fed in (the prompt, then each new token but the last) reads itself and all before it.",
                  "correct on {} requests")

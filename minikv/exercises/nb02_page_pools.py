@@ -1,8 +1,6 @@
 """Checkers for notebook 02 (page pools and block tables), against the engine's own code:
 `PagePool.slots` for slot mapping, `bench/memory.paged_use` for waste, `replay` for stale pages."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 

@@ -1,8 +1,6 @@
 """Checkers for notebook 03 (continuous batching and admission control), against the admission
 checks of engine/front_door.py."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 

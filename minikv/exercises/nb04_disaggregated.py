@@ -1,7 +1,5 @@
 """Checkers for notebook 04 (disaggregated prefill and decode)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
@@ -21,7 +19,8 @@ def check_decode_reservation(fn: Callable[[int, int, int], int]) -> None:
     cases = [(1, 1, 16), (16, 1, 16), (800, 48, 16), (24, 48, 16), (100, 28, 8), (5, 3, 2)]
     cases += [(rng.randint(1, 900), rng.randint(1, 64), rng.choice([4, 8, 16])) for _ in range(6)]
     expect_cases(fn, reserved_pages, cases, "prompt {}, max_tokens {}, page_size {}",
-                 "Decode reserves room for the prompt AND every output token, in whole pages.", "correct on {} requests")
+                 "Decode reserves room for the prompt AND every output token, in whole pages.",
+                 "correct on {} requests")
 
 
 def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> int:
@@ -41,7 +40,8 @@ def check_transfer_ticks(fn: Callable[[int, int | None, int, int], int]) -> None
     """fn(num_pages, cap, base_latency, pages_per_tick) -> ticks until the last batch lands."""
     rng = random.Random(5)
     cases = [(38, None, 1, 1), (38, 8, 1, 1), (1, None, 1, 1), (10, 4, 0, 2), (16, 16, 3, 1), (7, 3, 2, 2)]
-    cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4)) for _ in range(6)]
+    cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4))
+              for _ in range(6)]
     expect_cases(fn, ticks_on_the_wire, cases, "{} pages, cap {}, base {}, {} pages/tick",
                  "Batches go one after another; each costs the base latency plus its pages at the rate, rounded up.",
                  "correct on {} transfers")

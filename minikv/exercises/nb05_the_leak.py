@@ -1,7 +1,5 @@
 """Checkers for notebook 05 (the leak)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
@@ -46,6 +44,7 @@ def check_output_test(fn: Callable[[str, Response], bool]) -> None:
     """
     cases = _cases()
     for prompt, response, trustworthy in cases:
-        expect(fn(prompt, response), trustworthy, f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
+        expect(fn(prompt, response), trustworthy,
+               f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
                "A non-200 is an honest failure; a 200 must say what the prompt explains.")
     print(f"correct on {len(cases)} responses: this test checks outputs, not just status codes")

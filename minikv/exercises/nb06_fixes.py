@@ -1,7 +1,5 @@
 """Checkers for notebook 06 (the fixes)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 

@@ -1,7 +1,5 @@
 """Checkers for notebook 07 (late writes)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 

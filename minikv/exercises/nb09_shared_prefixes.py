@@ -1,8 +1,6 @@
 """Checkers for notebook 09 (shared prefixes), against the page pool's own prefix lookup: for cached
 tokens, and in a cache filled by a victim's prompt for the attack."""
 
-from __future__ import annotations
-
 import random
 from collections.abc import Callable
 

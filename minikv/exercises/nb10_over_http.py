@@ -1,8 +1,6 @@
 """Checkers for notebook 10 (the leak over HTTP), against the code the server and the probe run:
 the key check (`serve.app.tenant_for`) and the canary match (`probe.canary.holds_canary`)."""
 
-from __future__ import annotations
-
 import random
 import string
 from collections.abc import Callable
@@ -24,7 +22,8 @@ def served_as(authorization: str | None, keys: dict[str, str]) -> str | None:
 def check_tenant_of(fn: Callable[[str | None, dict[str, str]], str | None]) -> None:
     """fn(authorization header, {key: tenant}) -> the tenant the request runs as, or None for a 401."""
     rng = random.Random(10)
-    keys = {f"sk-{''.join(rng.choices(string.ascii_lowercase + string.digits, k=8))}": t for t in ("alice", "bob", "carol")}
+    keys = {f"sk-{''.join(rng.choices(string.ascii_lowercase + string.digits, k=8))}": tenant
+            for tenant in ("alice", "bob", "carol")}
     a, b, _ = keys
     headers = [f"Bearer {a}", f"Bearer {b}", f"bearer {a}", f"Bearer {a} ", f"Basic {a}", a, "Bearer alice",
                f"Bearer {a[:-1]}", "Bearer ", "", None, f"Bearer {b}x", f"BEARER {b}"]
@@ -43,8 +42,9 @@ def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
         start = rng.randrange(CANARY_CHARS - MATCH_CHARS + 1)
         part = canary[start:start + rng.randint(MATCH_CHARS, CANARY_CHARS - start)]
         near = canary[start:start + MATCH_CHARS - 1]  # one character short of a match
-        cases += [(f"saved key {canary}.", canary), (f"saved key {part}.", canary), (f"saved key {near}.", canary),
-                  ("saved nothing.", canary), (f"saved key {canary.lower()}.", canary), (f"{part[:4]} {part[4:]}", canary)]
+        texts = [f"saved key {canary}.", f"saved key {part}.", f"saved key {near}.", "saved nothing.",
+                 f"saved key {canary.lower()}.", f"{part[:4]} {part[4:]}"]
+        cases += [(text, canary) for text in texts]
     expect_cases(fn, holds_canary, cases, "reply {!r}, canary {!r}",
                  f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.",
                  "correct on {} replies: whole canaries, fragments and near misses")

@@ -1,7 +1,5 @@
 """One plain sentence per event, for the caption under a page map or a step-through widget."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 
 from minikv.engine.events import Event

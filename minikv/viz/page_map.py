@@ -1,13 +1,8 @@
 """The page map: every page of a pool as one cell, coloured by the tenant whose data it holds.
 
-Solid: held and written by that tenant; faded: freed, its last writer's data still in it; blank:
-never written; hatched: reserved by that tenant over someone else's data (the incident lives
-here); outlined and numbered from 0: the chosen request's block table; red and crossed: read by a
-request that did not write it. The full key: docs/pictures.md. `page_styles` decides how every
-cell looks (pure, testable), `draw_pools` draws it, and the legend lists only what is drawn.
+How to read it: docs/pictures.md. `page_styles` decides how every cell looks (pure, testable),
+`draw_pools` draws it, and the legend lists only what is drawn.
 """
-
-from __future__ import annotations
 
 import math
 import textwrap
@@ -42,7 +37,6 @@ CAPTION_PT = 12
 @dataclass(frozen=True)
 class PageStyle:
     """How one page is drawn, and why."""
-
     page: int
     status: PageStatus
     fill: str  # "#rrggbb" of the cell
@@ -232,9 +226,8 @@ def page_map(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int]
              nodes: Sequence[str] | None = None, caption: str | None = None) -> Picture:
     """The page map of every pool (or of `nodes`) after events[0..at] (the whole log when None; -1: boot).
 
-    `request` outlines that request's block table; `cross_reads="ever"` marks every page read
-    across requests so far, not only during the current step; `caption` replaces the one on top
-    (which moment it shows).
+    `request`: whose block table to outline; `cross_reads="ever"`: mark every page read across
+    requests so far, not only this step; `caption`: the text on top (default: which moment it is).
     """
     events = as_events(log)
     last = len(events) - 1 if at is None else at

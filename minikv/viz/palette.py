@@ -1,10 +1,5 @@
-"""Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads.
-
-A workload tenant always gets the same colour (alice orange, bob sky blue, carol green, dave
-purple, erin indigo); why these colours: docs/pictures.md.
-"""
-
-from __future__ import annotations
+"""Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads;
+a workload tenant always gets the same one (alice orange, bob sky blue, ...: docs/pictures.md)."""
 
 import itertools
 from collections.abc import Iterable

@@ -1,13 +1,5 @@
-"""Where each request is in the serving pipeline, step by step, from the event log.
-
-The disaggregated engine logs a `stage` event at each move between queues (SGLang's names:
-prefill bootstrap -> waiting -> inflight, decode prealloc -> transfer -> running); a single-node
-engine logs none, and there a request waits from `submit` and runs from `allocate`. A `finish`,
-`cancel` or `reject` takes it out of the queues; a later `stage` event puts it back. More:
-docs/pictures.md.
-"""
-
-from __future__ import annotations
+"""Where each request is in the serving pipeline, step by step, from the event log's `stage` events
+(or, on a single node, from `submit` to `allocate` to leaving). The rules: docs/pictures.md."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,7 +15,6 @@ WIRE_STAGE = "fabric.on the wire"  # the lane of KV batches between posting and 
 @dataclass(frozen=True)
 class Transition:
     """A request entered `stage` (or left the queues, stage None) at event `index`."""
-
     index: int
     step: int
     request_id: str
@@ -35,7 +26,6 @@ class Transition:
 @dataclass
 class StageSpan:
     """A request sat in `stage` from step `start` to step `end` (end None: still there)."""
-
     request_id: str
     tenant: str
     stage: str
@@ -81,10 +71,8 @@ def stage_order(log: EventLog | Iterable[Event]) -> list[str]:
 
 
 def queues_at(log: EventLog | Iterable[Event], upto: int) -> dict[str, list[str]]:
-    """Each stage's requests ("tenant/request-id", in order of arrival) after events[0..upto].
-
-    Every stage the whole log ever names is a key, so empty queues show as empty lists.
-    """
+    """Each stage's requests ("tenant/request-id", in order of arrival) after events[0..upto];
+    every stage the log ever names is a key, so empty queues show as empty lists."""
     events = as_events(log)
     where: dict[str, tuple[str, str]] = {}  # request id -> (stage, label); dict keeps arrival order
     for t in transitions(events):
@@ -105,11 +93,8 @@ def _close(open_spans: dict[object, StageSpan], key: object, step: int) -> None:
 
 
 def stage_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
-    """Every stretch of steps a request spent in one stage, in the order they began.
-
-    A request sits in one stage per node (its lane) at a time; a stretch ends at the request's next
-    stage on that node, when that node frees its pages, or when it leaves the queues.
-    """
+    """Every stretch of steps a request spent in one stage, in the order they began: one stage per
+    node (its lane) at a time, until its next stage there, that node's free, or leaving the queues."""
     events = as_events(log)
     spans: list[StageSpan] = []
     open_spans: dict[object, StageSpan] = {}  # (request id, lane), or a single node's request id -> its current stretch
@@ -135,10 +120,8 @@ def stage_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
 
 
 def wire_spans(log: EventLog | Iterable[Event]) -> list[StageSpan]:
-    """Every KV batch a request posted, from its `post` to the write that landed it (end None: never).
-
-    Batches land in the order they were posted, so each landing write closes the oldest open one.
-    """
+    """Every KV batch a request posted, from its `post` to the write that landed it (end None: never);
+    batches land in the order they were posted, so a landing closes the oldest."""
     spans: list[StageSpan] = []
     posted: dict[str, list[StageSpan]] = {}  # request id -> its batches still on the wire
     for e in as_events(log):

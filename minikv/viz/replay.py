@@ -1,10 +1,5 @@
-"""Every pool's state at any point of an engine's history, rebuilt from its event log alone.
-
-Pure (no plotting, no engine): the pictures only draw a `PoolState`, so the replay can be tested
-on hand-written events. What it rebuilds, and how a step-through picks its frames: docs/pictures.md.
-"""
-
-from __future__ import annotations
+"""Every pool's state at any point of an engine's history, rebuilt from its event log alone: pure,
+so the pictures (which draw only a `PoolState`) are tested on hand-written events. docs/pictures.md."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +23,6 @@ class PageStatus(Enum):
 @dataclass(frozen=True)
 class PoolState:
     """One node's pages after a prefix of the event log."""
-
     node: str
     num_pages: int
     owner: tuple[str | None, ...]  # request id holding each page, None when free
@@ -119,10 +113,8 @@ def pool_sizes(events: Sequence[Event], num_pages: int | Mapping[str, int]) -> d
 
 def replay(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int],
            upto: int | None = None) -> dict[str, PoolState]:
-    """The state of every node's pool after events[0..upto] (all events when None; -1: at boot).
-
-    `num_pages` is one size for every node, or a size per node (e.g. {"prefill": 42, "decode": 125}).
-    """
+    """The state of every node's pool after events[0..upto] (all when None; -1: at boot); `num_pages`:
+    one size for every node, or one per node (e.g. {"prefill": 42, "decode": 125})."""
     events = as_events(log)
     last = len(events) - 1 if upto is None else upto
     if not -1 <= last < len(events):

@@ -1,11 +1,5 @@
-"""Two plots of requests over time: the queue stages each went through, and time to first token.
-
-`timeline`: a row per request, a bar per stage over engine steps, a lane per node (and one for KV
-batches on the wire). `ttft_plot`: a leaked request, whose prompt was never prefilled, answers a
-long prompt as fast as a short one and sits far below the others. How to read them: docs/pictures.md.
-"""
-
-from __future__ import annotations
+"""Two plots of requests over time: the queue stages each went through (`timeline`), and time to
+first token against prompt length (`ttft_plot`). How to read them: docs/pictures.md."""
 
 from collections.abc import Iterable, Sequence
 
@@ -31,10 +25,8 @@ OUTCOME_MARKERS = {"finish": ("o", "finished"), "reject": ("X", "rejected (400)"
 
 
 def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: str | None = None) -> Picture:
-    """Requests (rows, in order of arrival) through the queue stages, over engine steps.
-
-    `mark` names request ids whose row label is drawn in bold red (e.g. the leaked one).
-    """
+    """Requests (rows, in order of arrival) through the queue stages, over engine steps; the rows of
+    the request ids in `mark` (e.g. the leaked one) are labelled in bold red."""
     events, marked = as_events(log), set(mark)
     spans, stages, batches = stage_spans(events), stage_order(events), wire_spans(events)
     leaving = [t for t in transitions(events) if t.stage is None]  # every finish, cancel and reject
@@ -96,11 +88,8 @@ def stage_colours(stages: Sequence[str]) -> dict[str, str]:
 
 
 def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
-    """Time to first token (ms) against prompt tokens, one dot per answered request.
-
-    Requests in `mark` (ids) are large red stars with their label; a line fitted through the
-    others shows the time their prompt length would imply.
-    """
+    """Time to first token (ms) against prompt tokens, one dot per answered request; those in `mark`
+    (ids) are labelled red stars, and a line fitted through the others shows what length implies."""
     marked, timed = set(mark), [r for r in responses if r.ttft_s is not None]
     normal = [r for r in timed if r.request_id not in marked]
     special = [r for r in timed if r.request_id in marked]

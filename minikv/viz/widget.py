@@ -1,12 +1,8 @@
 """A player for an engine's history: Play, a slider, previous/next, and the page map of each frame.
 
-It replays the event log up to the chosen frame and draws its page map (`page_map`), with
-a caption and the queues. Play and the slider are linked in the browser (`jslink`); drawing needs
-the kernel, so the output also carries a PNG of the opening frame for viewers without widgets
-(docs/pictures.md). Every text it shows is deterministic, as nbval requires.
+Play and the slider are linked in the browser (`jslink`); drawing needs the kernel, so the output
+also carries a PNG of the opening frame for viewers without widgets (docs/pictures.md).
 """
-
-from __future__ import annotations
 
 import base64
 import html
@@ -20,7 +16,7 @@ from minikv.viz.captions import moment_caption
 from minikv.viz.page_map import CrossReads, PageStyle, page_map, page_styles
 from minikv.viz.palette import CROSS_READ, tenant_colours
 from minikv.viz.queues import queues_at
-from minikv.viz.replay import FrameMode, PoolState, as_events, frame_indices, pool_sizes, replay
+from minikv.viz.replay import FrameMode, as_events, frame_indices, pool_sizes, replay
 
 BOOT = -1  # the frame before the first event
 
@@ -69,14 +65,9 @@ class ReplayWidget(widgets.VBox):
         self.slider.value = min(max(self.slider.value + delta, 0), self.slider.max)
 
     @property
-    def position(self) -> int:
-        """The frame on show (0 is boot)."""
-        return self.slider.value
-
-    @property
     def event_index(self) -> int:
-        """Index in the log of the last event applied in the frame on show (-1 at boot)."""
-        return self.frames[self.position]
+        """Index in the log of the last event applied in the frame on show (the slider's; -1 at boot)."""
+        return self.frames[self.slider.value]
 
     @property
     def event(self) -> Event | None:
@@ -88,22 +79,18 @@ class ReplayWidget(widgets.VBox):
             return self.request
         return self.event.request_id if self.event is not None else None
 
-    def states(self) -> list[PoolState]:
-        """Every drawn pool as it was in the frame on show."""
-        states = replay(self.events, self.num_pages, self.event_index)
-        return [states[n] for n in self.nodes]
-
     def styles(self) -> dict[str, list[PageStyle]]:
         """How every page of every drawn pool looks in the frame on show."""
-        return {s.node: page_styles(s, self.colours, self.outlined_request(), self.cross_reads) for s in self.states()}
+        states = replay(self.events, self.num_pages, self.event_index)
+        return {n: page_styles(states[n], self.colours, self.outlined_request(), self.cross_reads) for n in self.nodes}
 
     def queues(self) -> dict[str, list[str]]:
         """Each queue stage's requests in the frame on show."""
         return queues_at(self.events, self.event_index)
 
     def caption_text(self) -> str:
-        """Names the moment as a page map of it does, so a still and the player agree."""
-        return f"Frame {self.position}/{len(self.frames) - 1}. {moment_caption(self.events, self.event_index)}"
+        """The moment, named as a page map of it names it, so a still and the player agree."""
+        return f"Frame {self.slider.value}/{len(self.frames) - 1}. {moment_caption(self.events, self.event_index)}"
 
     def show_frame(self, position: int) -> None:
         """Draw frame `position` (the slider calls this whenever it moves)."""
@@ -113,8 +100,9 @@ class ReplayWidget(widgets.VBox):
         alarm = self.event is not None and self.event.kind == "cross_read"
         colour = f"color:{CROSS_READ};font-weight:bold;" if alarm else ""
         self.caption.value = f"<div style='font-family:monospace;{colour}'>{html.escape(self.caption_text())}</div>"
-        self.image.value = page_map(self.events, self.num_pages, self.event_index, self.outlined_request(),
-                                    self.page_size, self.cross_reads, self.nodes, self.caption_text()).png()
+        self.image.value = page_map(self.events, self.num_pages, at=self.event_index, request=self.outlined_request(),
+                                    page_size=self.page_size, cross_reads=self.cross_reads, nodes=self.nodes,
+                                    caption=self.caption_text()).png()
         rows = "".join(f"<tr><td style='padding-right:1em'><b>{html.escape(stage)}</b></td>"
                        f"<td>{html.escape(', '.join(who)) if who else '<i>empty</i>'}</td></tr>"
                        for stage, who in self.queues().items())

@@ -387,7 +387,7 @@ def test_the_player_and_a_page_map_name_one_moment_alike(player):
     opened = ReplayWidget(INCIDENT, POOLS, start=28)
     moment = repr(page_map(INCIDENT, POOLS, at=28)).removeprefix("Page map. ").split(". ")[0]
     assert moment == "After event 29 of 31 (step 7): CROSS-TENANT READ on decode: bob/b1 read 2 pages written by alice/a1"
-    assert opened.caption_text() == f"Frame {opened.position}/{len(opened.frames) - 1}. {moment}"
+    assert opened.caption_text() == f"Frame {opened.slider.value}/{len(opened.frames) - 1}. {moment}"
 
 
 # -- timeline and time to first token ---------------------------------------------------------------

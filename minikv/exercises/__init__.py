@@ -1,23 +1,35 @@
 """Exercise checkers, one module per notebook (`nb01_kv_caching.py` serves notebook 01, ...).
 
-A checker tries a learner's function on several cases, some of them generated from a seed, so
-that no constant answer passes. It never computes the answer with the solution's formula: it
-asks the engine's own code, or enumerates the situation step by step. It prints one line when
-everything passes and raises AssertionError naming the case, what was expected and what came
-back. `tests/test_exercises.py` runs every checker against constant stubs (they must fail) and
-against the notebook's hidden solution (it must pass).
+A checker tries a learner's function on listed and seeded cases, so that no constant passes, and
+compares it with the engine's own code or a step-by-step count, never the solution's formula. It
+prints one line when all pass, else raises AssertionError naming the case, what was expected and
+what came back. `tests/test_exercises.py` runs each against constants and the hidden solution.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from minikv.model.llama import ModelConfig
+
+TINY_MODEL = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
+                         num_kv_heads=1, head_dim=2, max_position_embeddings=8)  # only the bookkeeping matters
 
 
 def expect(got: Any, want: Any, case: str, hint: str = "") -> None:
     """Raise AssertionError saying, for `case`, what was expected and what came back."""
     if got != want or type(got) is bool and type(want) is not bool:
         raise AssertionError(f"{case}: expected {want!r}, got {got!r}." + (f" {hint}" if hint else ""))
+
+
+def expect_cases(fn: Callable, reference: Callable, cases: Sequence[tuple], case: str, hint: str, done: str) -> None:
+    """expect(fn(*args), reference(*args)) for every args in `cases`, then print `done`.
+
+    `case` names one case (`case.format(*args)`); `fn` gets its own copy of the arguments.
+    """
+    for args in cases:
+        expect(fn(*copy.deepcopy(args)), reference(*args), case.format(*args), hint)
+    print(done.format(len(cases)))
 
 
 def try_exercise(checker: Callable[[Callable], None], answer: Callable) -> None:

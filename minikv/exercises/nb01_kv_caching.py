@@ -1,26 +1,15 @@
 """Checkers for notebook 01 (KV caching from first principles)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
 import torch
 
-from minikv.exercises import expect
-from minikv.model.llama import ModelConfig
 from minikv.engine.page_pool import PagePool
+from minikv.exercises import expect_cases
+from minikv.model.llama import ModelConfig
 
 DTYPES = {4: torch.float32, 2: torch.bfloat16, 1: torch.int8}  # bytes per value -> a dtype that size
-
-
-def _shapes(seed: int = 0) -> list[tuple[int, int, int, int]]:
-    """(layers, kv_heads, head_dim, bytes per value): well-known shapes, then random ones."""
-    rng = random.Random(seed)
-    shapes = [(4, 4, 48, 4), (32, 8, 128, 2), (80, 8, 128, 2), (61, 1, 576, 2), (2, 3, 10, 1)]
-    shapes += [(rng.randint(1, 40), rng.randint(1, 16), rng.choice([8, 64, 96, 128]), rng.choice([1, 2, 4]))
-               for _ in range(5)]
-    return shapes
 
 
 def measured_kv_bytes(layers: int, kv_heads: int, head_dim: int, nbytes: int) -> int:
@@ -32,20 +21,20 @@ def measured_kv_bytes(layers: int, kv_heads: int, head_dim: int, nbytes: int) ->
 
 def check_kv_bytes_per_token(fn: Callable[[int, int, int, int], int]) -> None:
     """fn(num_layers, num_kv_heads, head_dim, bytes_per_value) -> bytes of K and V per token."""
-    shapes = _shapes()
-    for layers, kv_heads, head_dim, nbytes in shapes:
-        expect(fn(layers, kv_heads, head_dim, nbytes), measured_kv_bytes(layers, kv_heads, head_dim, nbytes),
-               f"{layers} layers, {kv_heads} KV heads, head_dim {head_dim}, {nbytes} bytes per value",
-               "Each layer keeps a key AND a value vector per KV head.")
-    print(f"correct on {len(shapes)} model shapes, measured on a real page pool")
+    rng = random.Random(0)
+    shapes = [(4, 4, 48, 4), (32, 8, 128, 2), (80, 8, 128, 2), (61, 1, 576, 2), (2, 3, 10, 1)]  # well-known ones
+    shapes += [(rng.randint(1, 40), rng.randint(1, 16), rng.choice([8, 64, 96, 128]), rng.choice([1, 2, 4]))
+               for _ in range(5)]
+    expect_cases(fn, measured_kv_bytes, shapes, "{} layers, {} KV heads, head_dim {}, {} bytes per value",
+                 "Each layer keeps a key AND a value vector per KV head.",
+                 "correct on {} model shapes, measured on a real page pool")
 
 
 def counted_attention_reads(prompt_len: int, new_tokens: int) -> int:
     """K/V vectors attention reads (per layer and head) while generating with a cache, counted step by step."""
     reads, cached = 0, 0
-    fed = [prompt_len] + [1] * (new_tokens - 1)  # the prefill, then one token per decode step
-    for n in fed:
-        for _ in range(n):  # causal: each new position reads every cached position and itself
+    for fed in [prompt_len] + [1] * (new_tokens - 1):  # the prefill, then one token per decode step
+        for _ in range(fed):  # causal: each new position reads every cached position and itself
             cached += 1
             reads += cached
     return reads
@@ -56,11 +45,9 @@ def check_attention_reads(fn: Callable[[int, int], int]) -> None:
     rng = random.Random(1)
     cases = [(1, 1), (5, 3), (100, 20), (681, 1), (12, 50)]
     cases += [(rng.randint(1, 900), rng.randint(1, 64)) for _ in range(6)]
-    for prompt_len, new in cases:
-        expect(fn(prompt_len, new), counted_attention_reads(prompt_len, new),
-               f"prompt {prompt_len} tokens, {new} new tokens",
-               "Every position fed in (the prompt, then each new token but the last) reads itself and all before it.")
-    print(f"correct on {len(cases)} requests")
+    expect_cases(fn, counted_attention_reads, cases, "prompt {} tokens, {} new tokens",
+                 "Every position fed in (the prompt, then each new token but the last) reads itself and all before it.",
+                 "correct on {} requests")
 
 
 def kv_bytes(config: ModelConfig, num_tokens: int, bytes_per_value: int = 4) -> int:

@@ -1,76 +1,50 @@
-"""Checkers for notebook 02 (page pools and block tables).
-
-Each checker tries a learner's function on hidden cases and compares it with the engine's own
-code: `PagePool.slots` for slot mapping, `bench/memory.paged_use` for waste, and `replay` for
-stale pages. It prints one line when everything passes and raises AssertionError saying what
-was expected and what came back, so the exercise cell fails loudly until it is solved.
-"""
-
-from __future__ import annotations
+"""Checkers for notebook 02 (page pools and block tables), against the engine's own code:
+`PagePool.slots` for slot mapping, `bench/memory.paged_use` for waste, `replay` for stale pages."""
 
 import random
 from typing import Callable
 
-from minikv.engine.events import Event
-from minikv.exercises import expect
 from minikv.bench.memory import paged_use
-from minikv.model.llama import ModelConfig
+from minikv.engine.events import Event
 from minikv.engine.page_pool import PagePool
+from minikv.exercises import TINY_MODEL, expect, expect_cases
 from minikv.viz.replay import PageStatus, replay
 
-_TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
-                    num_kv_heads=1, head_dim=2, max_position_embeddings=8)  # only the bookkeeping matters
+NODE = "node"  # the one node of the simulated logs
 
 
-def _block_tables(seed: int) -> list[tuple[list[int], int]]:
-    """(block table, page size) pairs: scattered pages, page sizes from 1 token to 16."""
-    rng = random.Random(seed)
-    cases = [([0], 1), ([3, 0, 2], 4), ([41, 7, 19], 16)]
-    for _ in range(5):
-        page_size = rng.choice([2, 3, 8, 16])
-        cases.append((rng.sample(range(64), rng.randint(1, 6)), page_size))
-    return cases
+def pool_slot(block_table: list[int], page_size: int, position: int) -> int:
+    """The slot the engine's page pool maps this token position to."""
+    return PagePool(TINY_MODEL, num_pages=64, page_size=page_size).slots(block_table, position, position + 1)[0]
 
 
 def check_slot_mapping(fn: Callable[[list[int], int, int], int]) -> None:
     """fn(block_table, page_size, position) -> the pool slot holding that token's K/V."""
-    count = 0
-    for block_table, page_size in _block_tables(0):
-        pool = PagePool(_TINY, num_pages=64, page_size=page_size)
-        want = pool.slots(block_table, 0, len(block_table) * page_size)
-        for position, slot in enumerate(want):
-            expect(fn(list(block_table), page_size, position), slot,
-                   f"block table {block_table}, page size {page_size}, position {position}",
-                   "Find the entry of the block table that holds the position (which page), then the "
-                   "offset inside that page; a slot is page * page_size + offset.")
-            count += 1
-    print(f"correct on {count} token positions in 8 block tables")
+    rng = random.Random(0)
+    tables = [([0], 1), ([3, 0, 2], 4), ([41, 7, 19], 16)]  # scattered pages, page sizes from 1 token to 16
+    for _ in range(5):
+        page_size = rng.choice([2, 3, 8, 16])
+        tables.append((rng.sample(range(64), rng.randint(1, 6)), page_size))
+    cases = [(table, page_size, position) for table, page_size in tables for position in range(len(table) * page_size)]
+    expect_cases(fn, pool_slot, cases, "block table {}, page size {}, position {}",
+                 "Find the entry of the block table that holds the position (which page), then the offset inside "
+                 "that page; a slot is page * page_size + offset.", "correct on {} token positions in 8 block tables")
 
 
-_WASTE_CASES = [([1], 16), ([16], 16), ([17], 16), ([0, 5], 4), ([84, 150, 499, 512], 16),
-                ([1, 2, 3, 4, 5, 6, 7, 8], 1), ([30] * 10, 32), ([100, 200, 300], 7)]
-
-
-def _random_workloads(seed: int, count: int = 4) -> list[tuple[list[int], int]]:
-    """(K/V lengths, page size) of random workloads."""
-    rng = random.Random(seed)
-    return [([rng.randint(1, 600) for _ in range(rng.randint(1, 9))], rng.choice([3, 8, 16, 32])) for _ in range(count)]
-
-
-_WASTE_CASES += _random_workloads(2)
+def wasted_slots(kv_lens: list[int], page_size: int) -> int:
+    """Slots a page pool reserves for these K/V lengths but leaves empty, as the memory benchmark counts them."""
+    use = paged_use(kv_lens, page_size)
+    return use.reserved_tokens - use.used_tokens
 
 
 def check_wasted_slots(fn: Callable[[list[int], int], int]) -> None:
     """fn(kv_lens, page_size) -> slots a page pool reserves for these requests but leaves empty."""
-    for kv_lens, page_size in _WASTE_CASES:
-        use = paged_use(kv_lens, page_size)
-        want = use.reserved_tokens - use.used_tokens
-        expect(fn(list(kv_lens), page_size), want, f"K/V lengths {kv_lens}, page size {page_size}",
-               "Each request holds whole pages, enough for its tokens (round up); only the end of its last page stays empty.")
-    print(f"correct on {len(_WASTE_CASES)} workloads")
-
-
-NODE = "node"
+    rng = random.Random(2)
+    cases = [([1], 16), ([16], 16), ([17], 16), ([0, 5], 4), ([84, 150, 499, 512], 16),
+             ([1, 2, 3, 4, 5, 6, 7, 8], 1), ([30] * 10, 32), ([100, 200, 300], 7)]
+    cases += [([rng.randint(1, 600) for _ in range(rng.randint(1, 9))], rng.choice([3, 8, 16, 32])) for _ in range(4)]
+    expect_cases(fn, wasted_slots, cases, "K/V lengths {}, page size {}", "Each request holds whole pages, enough "
+                 "for its tokens (round up); only the end of its last page stays empty.", "correct on {} workloads")
 
 
 def simulated_log(seed: int, num_pages: int = 12, num_requests: int = 8) -> list[Event]:

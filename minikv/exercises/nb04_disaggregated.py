@@ -1,18 +1,15 @@
 """Checkers for notebook 04 (disaggregated prefill and decode)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
-from minikv.exercises import expect
-from minikv.exercises.nb02_page_pools import _TINY
 from minikv.engine.page_pool import PagePool
+from minikv.exercises import TINY_MODEL, expect_cases
 
 
 def reserved_pages(prompt_tokens: int, max_tokens: int, page_size: int) -> int:
     """What the decode node's pool takes off its free list for such a request (the engine's own count)."""
-    pool = PagePool(_TINY, num_pages=1 + (prompt_tokens + max_tokens) // page_size, page_size=page_size)
+    pool = PagePool(TINY_MODEL, num_pages=1 + (prompt_tokens + max_tokens) // page_size, page_size=page_size)
     return len(pool.allocate(pool.pages_for(prompt_tokens + max_tokens), "r"))
 
 
@@ -21,11 +18,9 @@ def check_decode_reservation(fn: Callable[[int, int, int], int]) -> None:
     rng = random.Random(4)
     cases = [(1, 1, 16), (16, 1, 16), (800, 48, 16), (24, 48, 16), (100, 28, 8), (5, 3, 2)]
     cases += [(rng.randint(1, 900), rng.randint(1, 64), rng.choice([4, 8, 16])) for _ in range(6)]
-    for prompt, out, page_size in cases:
-        expect(fn(prompt, out, page_size), reserved_pages(prompt, out, page_size),
-               f"prompt {prompt}, max_tokens {out}, page_size {page_size}",
-               "Decode reserves room for the prompt AND every output token, in whole pages.")
-    print(f"correct on {len(cases)} requests")
+    expect_cases(fn, reserved_pages, cases, "prompt {}, max_tokens {}, page_size {}",
+                 "Decode reserves room for the prompt AND every output token, in whole pages.",
+                 "correct on {} requests")
 
 
 def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> int:
@@ -33,11 +28,11 @@ def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> 
     left, ticks = num_pages, 0
     while left:
         batch = min(left, cap or left)
+        left -= batch
         ticks += base  # the batch's fixed latency
         while batch > 0:  # then its pages, `rate` per tick
             batch -= rate
             ticks += 1
-        left -= min(left, cap or left)
     return ticks
 
 
@@ -45,9 +40,8 @@ def check_transfer_ticks(fn: Callable[[int, int | None, int, int], int]) -> None
     """fn(num_pages, cap, base_latency, pages_per_tick) -> ticks until the last batch lands."""
     rng = random.Random(5)
     cases = [(38, None, 1, 1), (38, 8, 1, 1), (1, None, 1, 1), (10, 4, 0, 2), (16, 16, 3, 1), (7, 3, 2, 2)]
-    cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4)) for _ in range(6)]
-    for pages, cap, base, rate in cases:
-        expect(fn(pages, cap, base, rate), ticks_on_the_wire(pages, cap, base, rate),
-               f"{pages} pages, cap {cap}, base {base}, {rate} pages/tick",
-               "Batches go one after another; each costs the base latency plus its pages at the rate, rounded up.")
-    print(f"correct on {len(cases)} transfers")
+    cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4))
+              for _ in range(6)]
+    expect_cases(fn, ticks_on_the_wire, cases, "{} pages, cap {}, base {}, {} pages/tick",
+                 "Batches go one after another; each costs the base latency plus its pages at the rate, rounded up.",
+                 "correct on {} transfers")

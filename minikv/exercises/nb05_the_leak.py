@@ -1,13 +1,11 @@
 """Checkers for notebook 05 (the leak)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
-from minikv.exercises import expect
-from minikv.engine.request import Response, Usage
 from minikv.attacks.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
+from minikv.engine.request import Response, Usage
+from minikv.exercises import expect
 
 
 def _ok(text: str) -> Response:
@@ -41,11 +39,12 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
 def check_output_test(fn: Callable[[str, Response], bool]) -> None:
     """fn(prompt, response) -> True when the response is trustworthy for that prompt.
 
-    A good test looks at the text, not only the status: a 200 whose reply repeats a note that
-    the prompt never contained is a leak; a 400 or 500 is an honest failure, not a leak.
+    A good test reads the text, not only the status: a 200 repeating a note the prompt never held
+    is a leak; a 400 or 500 is an honest failure, not a leak.
     """
     cases = _cases()
     for prompt, response, trustworthy in cases:
-        expect(fn(prompt, response), trustworthy, f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
+        expect(fn(prompt, response), trustworthy,
+               f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
                "A non-200 is an honest failure; a 200 must say what the prompt explains.")
     print(f"correct on {len(cases)} responses: this test checks outputs, not just status codes")

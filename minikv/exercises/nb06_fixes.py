@@ -1,11 +1,9 @@
 """Checkers for notebook 06 (the fixes)."""
 
-from __future__ import annotations
-
 import random
 from typing import Callable
 
-from minikv.exercises import expect
+from minikv.exercises import expect_cases
 
 
 def counted_poisoned_pages(prompt_tokens: int, page_size: int, tokens_transferred: int) -> int:
@@ -20,8 +18,5 @@ def check_poisoned_pages(fn: Callable[[int, int, int], int]) -> None:
     rng = random.Random(6)
     cases = [(800, 16, 800), (16, 16, 1), (17, 16, 1), (100, 8, 30), (1, 4, 1)]
     cases += [(p, rng.choice([4, 8, 16]), rng.randint(1, p)) for p in (rng.randint(20, 1000) for _ in range(7))]
-    for prompt, page_size, sent in cases:
-        expect(fn(prompt, page_size, sent), counted_poisoned_pages(prompt, page_size, sent),
-               f"prompt {prompt} tokens, pages of {page_size}, {sent} token(s) transferred",
-               "Count the pages the prompt needs, and take away those the transfer wrote.")
-    print(f"correct on {len(cases)} transfers")
+    expect_cases(fn, counted_poisoned_pages, cases, "prompt {} tokens, pages of {}, {} token(s) transferred",
+                 "Count the pages the prompt needs, and take away those the transfer wrote.", "correct on {} transfers")

@@ -1,11 +1,5 @@
-"""Checkers for notebook 08 (detection and response).
-
-Each checker builds small gateway logs whose right answer is known by construction (which
-reply was stored, which text holds a record number, which calls leaked), so that a constant or
-an answer copied from the shipped log does not pass.
-"""
-
-from __future__ import annotations
+"""Checkers for notebook 08 (detection and response), on small gateway logs whose answer is known by
+construction (which reply was stored, which text holds a record number, which calls leaked)."""
 
 import random
 from datetime import datetime, timedelta, timezone
@@ -44,24 +38,26 @@ def _unreviewable_cases(seed: int) -> tuple[list[GatewayRecord], set[str]]:
 
 
 def check_unreviewable(fn: Callable[[list[GatewayRecord]], Iterable[str]]) -> None:
-    """fn(records in the checklist's set) -> the set of request ids of replies that came back 200 but were never stored."""
+    """fn(records in the checklist's set) -> the set of request ids of replies that came back 200 but were
+    never stored."""
     for seed in range(5):
         records, want = _unreviewable_cases(seed)
         got = fn(list(records))
         assert isinstance(got, (set, frozenset)), (
             f"generated set #{seed}: expected a set of request ids, got {type(got).__name__} {got!r}. "
             "A set has no order and no repeats, and the next cell compares it with the checklist's set.")
-        expect(got, want,
-               f"generated set #{seed} of {len(records)} calls",
-               "A reply that came back (status 200) with no stored text can never be reviewed; "
-               "a failed call returned nothing to review.")
+        expect(got, want, f"generated set #{seed} of {len(records)} calls", "A reply that came back (status 200) "
+               "with no stored text can never be reviewed; a failed call returned nothing to review.")
     print("Correct on 5 generated sets: treat every unstored 200 in the set as exposed.")
 
 
 def _mrn_texts(seed: int) -> list[tuple[str, bool]]:
     """(reply text, holds a medical record number?): MRN, a space, exactly eight digits, as a word."""
     rng = random.Random(seed)
-    digits = lambda n: "".join(rng.choice("0123456789") for _ in range(n))  # noqa: E731
+
+    def digits(n: int) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(n))
+
     texts = []
     for _ in range(4):
         d8 = digits(8)
@@ -79,9 +75,8 @@ def check_mrn_pattern(pattern: str) -> None:
     texts = _mrn_texts(8)
     for text, holds in texts:
         got = f"pattern:{pattern}" in secret_shapes(text, compiled)
-        expect(got, holds, f"reply {text!r}: flagged",
-               "A record number is the word MRN, one space, and exactly eight digits, with no letter or digit "
-               "glued to either end.")
+        expect(got, holds, f"reply {text!r}: flagged", "A record number is the word MRN, one space, and exactly "
+               "eight digits, with no letter or digit glued to either end.")
     print(f"Correct on {len(texts)} replies, near misses included.")
 
 
@@ -105,19 +100,18 @@ def _ceiling_log(seed: int) -> tuple[list[GatewayRecord], set[str]]:
 
 
 def check_ceiling(fn: Callable[[list[GatewayRecord], set[str], datetime], float]) -> None:
-    """fn(records, ids in the checklist's set, outage start) -> a prefill-rate ceiling for the TTFT signal.
-
-    It must flag every call in the set that came back 200 before the outage, and nothing outside the set.
-    """
+    """fn(records, ids in the checklist's set, outage start) -> a prefill-rate ceiling for the TTFT signal
+    that flags every call in the set that came back 200 before the outage, and nothing outside the set."""
     for seed in range(5):
         records, in_set = _ceiling_log(seed)
         ceiling = fn(list(records), set(in_set), OUTAGE_START)
         assert isinstance(ceiling, (int, float)) and ceiling > 0, f"expected a positive number, got {ceiling!r}"
-        fast = {f.record.request_id for f in scan_records(records, signals=Signals(max_prefill_tokens_per_s=ceiling)).flags
-                if "ttft_anomaly" in f.reasons}
+        flags = scan_records(records, signals=Signals(max_prefill_tokens_per_s=ceiling)).flags
+        fast = {f.record.request_id for f in flags if "ttft_anomaly" in f.reasons}
         leaked = {r.request_id for r in records if r.request_id in in_set and r.timestamp < OUTAGE_START}
-        expect(sorted(leaked - fast), [], f"log #{seed}, ceiling {ceiling:,.0f} tokens/s: calls in the set not flagged",
+        where = f"log #{seed}, ceiling {ceiling:,.0f} tokens/s"
+        expect(sorted(leaked - fast), [], f"{where}: calls in the set not flagged",
                "Lower the ceiling below the slowest of them.")
-        expect(sorted(fast - in_set), [], f"log #{seed}, ceiling {ceiling:,.0f} tokens/s: calls outside the set flagged",
+        expect(sorted(fast - in_set), [], f"{where}: calls outside the set flagged",
                "Raise the ceiling above the fastest honest call.")
     print("Correct on 5 generated logs, each at its own speed.")

@@ -1,28 +1,18 @@
-"""Checkers for notebook 09 (shared prefixes).
-
-Each checker tries a learner's function on hidden, generated cases and compares it with the
-engine's own code: the page pool's prefix lookup for cached tokens, and a cache filled by a
-victim's prompt for the attack. It prints one line when everything passes and raises
-AssertionError with a hint otherwise.
-"""
-
-from __future__ import annotations
+"""Checkers for notebook 09 (shared prefixes), against the page pool's own prefix lookup: for cached
+tokens, and in a cache filled by a victim's prompt for the attack."""
 
 import random
 from collections.abc import Callable
 
-from minikv.model.llama import ModelConfig
+from minikv.attacks.workload import SECRET_ALPHABET
 from minikv.engine.page_pool import PagePool
 from minikv.engine.prefix_cache import page_keys
-from minikv.attacks.workload import SECRET_ALPHABET
-
-_TINY = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_layers=1, num_heads=1,
-                    num_kv_heads=1, head_dim=2, max_position_embeddings=8)  # only the bookkeeping matters
+from minikv.exercises import TINY_MODEL, expect_cases
 
 
 def cached_tokens(earlier: list[list[int]], prompt: list[int], page_size: int) -> int:
     """What the engine reports: earlier prompts' full pages are cached; `prompt` reuses the leading ones."""
-    pool = PagePool(_TINY, sum(len(p) // page_size + 1 for p in earlier) + 1, page_size, prefix_caching=True)
+    pool = PagePool(TINY_MODEL, sum(len(p) // page_size + 1 for p in earlier) + 1, page_size, prefix_caching=True)
     for i, ids in enumerate(earlier):
         pages = pool.allocate(pool.pages_for(len(ids)), f"r{i}")
         pool.prefix_cache.cache_pages(page_keys(ids, page_size), pages, len(ids))
@@ -43,15 +33,9 @@ def _cache_cases(seed: int) -> list[tuple[list[list[int]], list[int], int]]:
 
 def check_cached_tokens(fn: Callable[[list[list[int]], list[int], int], int]) -> None:
     """fn(earlier_prompts, prompt, page_size) -> how many of prompt's tokens come from the cache."""
-    cases = _cache_cases(9)
-    for earlier, prompt, page_size in cases:
-        want = cached_tokens(earlier, prompt, page_size)
-        got = fn([list(p) for p in earlier], list(prompt), page_size)
-        assert got == want, (
-            f"earlier prompts {earlier}, prompt {prompt}, page size {page_size}: expected {want}, got {got}. "
-            "Only full pages are cached, and a page counts only if every page before it matches too; "
-            "which of the prompt's tokens does the engine always compute itself?")
-    print(f"correct on {len(cases)} cases")
+    expect_cases(fn, cached_tokens, _cache_cases(9), "earlier prompts {}, prompt {}, page size {}",
+                 "Only full pages are cached, and a page counts only if every page before it matches too; "
+                 "which of the prompt's tokens does the engine always compute itself?", "correct on {} cases")
 
 
 def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:

@@ -1,16 +1,11 @@
-"""Checkers for notebook 10 (the leak over HTTP): the server's key check and the probe's canary match.
-
-Each compares a learner's function with the code the server and the probe run
-(`serve.app.tenant_for`, `probe.canary.holds_canary`) on listed and generated cases.
-"""
-
-from __future__ import annotations
+"""Checkers for notebook 10 (the leak over HTTP), against the code the server and the probe run:
+the key check (`serve.app.tenant_for`) and the canary match (`probe.canary.holds_canary`)."""
 
 import random
 import string
 from collections.abc import Callable
 
-from minikv.exercises import expect
+from minikv.exercises import expect_cases
 from minikv.probe.canary import CANARY_CHARS, MATCH_CHARS, holds_canary
 from minikv.serve.app import tenant_for
 from minikv.serve.schemas import APIError
@@ -27,14 +22,14 @@ def served_as(authorization: str | None, keys: dict[str, str]) -> str | None:
 def check_tenant_of(fn: Callable[[str | None, dict[str, str]], str | None]) -> None:
     """fn(authorization header, {key: tenant}) -> the tenant the request runs as, or None for a 401."""
     rng = random.Random(10)
-    keys = {f"sk-{''.join(rng.choices(string.ascii_lowercase + string.digits, k=8))}": t for t in ("alice", "bob", "carol")}
+    keys = {f"sk-{''.join(rng.choices(string.ascii_lowercase + string.digits, k=8))}": tenant
+            for tenant in ("alice", "bob", "carol")}
     a, b, _ = keys
     headers = [f"Bearer {a}", f"Bearer {b}", f"bearer {a}", f"Bearer {a} ", f"Basic {a}", a, "Bearer alice",
                f"Bearer {a[:-1]}", "Bearer ", "", None, f"Bearer {b}x", f"BEARER {b}"]
-    for header in headers:
-        expect(fn(header, dict(keys)), served_as(header, keys), f"Authorization {header!r} with keys {keys}",
-               "Only a known key after the word Bearer (any case) names a tenant; anything else is a 401.")
-    print(f"correct on {len(headers)} headers: the key, and only the key, decides who is who")
+    expect_cases(fn, served_as, [(header, keys) for header in headers], "Authorization {!r} with keys {}",
+                 "Only a known key after the word Bearer (any case) names a tenant; anything else is a 401.",
+                 "correct on {} headers: the key, and only the key, decides who is who")
 
 
 def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
@@ -47,9 +42,9 @@ def check_holds_canary(fn: Callable[[str, str], bool]) -> None:
         start = rng.randrange(CANARY_CHARS - MATCH_CHARS + 1)
         part = canary[start:start + rng.randint(MATCH_CHARS, CANARY_CHARS - start)]
         near = canary[start:start + MATCH_CHARS - 1]  # one character short of a match
-        cases += [(f"saved key {canary}.", canary), (f"saved key {part}.", canary), (f"saved key {near}.", canary),
-                  ("saved nothing.", canary), (f"saved key {canary.lower()}.", canary), (f"{part[:4]} {part[4:]}", canary)]
-    for text, canary in cases:
-        expect(fn(text, canary), holds_canary(text, canary), f"reply {text!r}, canary {canary!r}",
-               f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.")
-    print(f"correct on {len(cases)} replies: whole canaries, fragments and near misses")
+        texts = [f"saved key {canary}.", f"saved key {part}.", f"saved key {near}.", "saved nothing.",
+                 f"saved key {canary.lower()}.", f"{part[:4]} {part[4:]}"]
+        cases += [(text, canary) for text in texts]
+    expect_cases(fn, holds_canary, cases, "reply {!r}, canary {!r}",
+                 f"A leak shows fragments: any {MATCH_CHARS} characters in a row of the canary count.",
+                 "correct on {} replies: whole canaries, fragments and near misses")

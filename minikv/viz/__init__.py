@@ -1,4 +1,4 @@
-"""Pictures of the page pool and widgets that replay an engine's history.
+"""Pictures of the page pool and widgets that replay an engine's history (docs/pictures.md).
 
 - `replay(log, num_pages, upto)`: every pool's state after a prefix of the event log (pure);
 - `page_map(log, num_pages, at=..., request=...)`: one cell per page, coloured by tenant;

@@ -1,13 +1,9 @@
-"""The incident in miniature, written out by hand: a tiny two-node event log to learn to read
-page maps on, and to test the pictures with, without running a model.
+"""The incident in miniature, by hand: a two-node event log to read page maps on and test the pictures.
 
-alice's request is prefilled, transferred and decoded, then finishes on the decode node: its
-pages are freed with the data left in place. bob's long prompt is rejected at prefill but moves
-on anyway (the queue only asked "finished?"); decode reserves 4 pages for him over alice's stale
-data, one page is transferred, and his decode step reads alice's pages.
+alice's request is prefilled, transferred, decoded and freed, its data left in place. bob's long
+prompt is rejected at prefill but moves on anyway; decode reserves 4 pages for him over alice's
+stale data, one page is transferred, and his decode step reads alice's pages.
 """
-
-from __future__ import annotations
 
 from minikv.engine.events import Event
 

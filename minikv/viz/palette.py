@@ -1,15 +1,5 @@
-"""Colours for the pictures: one per tenant, safe for colour-blind readers, plus the marks.
-
-Tenant colours come from the Okabe-Ito palette and Paul Tol's "muted" one (distinguishable under
-the common forms of colour blindness), without vermillion and red, which are kept for the one
-thing that must stand out: a cross-tenant read, drawn in red with a crossed hatch. A tenant of
-the workload (`minikv.attacks.workload.TENANTS`) always gets the same colour, in every picture of every
-notebook: alice orange, bob sky blue, carol green, dave purple, erin indigo (bob and dave meet
-in the same pictures, so only one of them is blue). A freed page that still holds data is drawn
-in its last writer's colour, faded toward white.
-"""
-
-from __future__ import annotations
+"""Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads;
+a workload tenant always gets the same one (alice orange, bob sky blue, ...: docs/pictures.md)."""
 
 import itertools
 from collections.abc import Iterable
@@ -18,21 +8,10 @@ from matplotlib.colors import to_hex, to_rgb
 
 from minikv.attacks.workload import TENANTS
 
-TENANT_COLOURS = (  # the first five, the tenants most pictures draw, lie far apart in hue
-    "#e69f00",  # orange
-    "#56b4e9",  # sky blue
-    "#009e73",  # bluish green
-    "#cc79a7",  # reddish purple
-    "#332288",  # indigo (Tol muted)
-    "#f0e442",  # yellow
-    "#0072b2",  # blue
-    "#117733",  # green (Tol muted from here on)
-    "#88ccee",  # cyan
-    "#999933",  # olive
-    "#aa4499",  # purple
-    "#882255",  # wine
-    "#ddcc77",  # sand
-    "#44aa99",  # teal
+TENANT_COLOURS = (  # Okabe-Ito, then Paul Tol's muted; the first five lie far apart in hue
+    "#e69f00", "#56b4e9", "#009e73", "#cc79a7", "#332288",  # orange, sky blue, bluish green, reddish purple, indigo
+    "#f0e442", "#0072b2", "#117733", "#88ccee", "#999933",  # yellow, blue, green, cyan, olive
+    "#aa4499", "#882255", "#ddcc77", "#44aa99",  # purple, wine, sand, teal
 )
 CROSS_READ = "#d40000"  # red: a request read someone else's data
 NEVER_WRITTEN = "#ffffff"  # a page nobody has written since boot
@@ -42,11 +21,8 @@ STALE_STRENGTH = 0.35  # how much of the writer's colour a stale page keeps (1 =
 
 
 def tenant_colours(tenants: Iterable[str]) -> dict[str, str]:
-    """A colour per tenant, in order of first appearance.
-
-    A workload tenant keeps its own colour whatever else is drawn (alice is always orange);
-    any other name gets the next colour no workload tenant in the picture uses.
-    """
+    """A colour per tenant, in order of first appearance: a workload tenant keeps its own, any
+    other name gets the next colour no workload tenant in the picture uses."""
     tenants = list(dict.fromkeys(tenants))
     fixed = {t: TENANT_COLOURS[i % len(TENANT_COLOURS)] for i, t in enumerate(TENANTS) if t in tenants}
     spare = itertools.cycle([c for c in TENANT_COLOURS if c not in fixed.values()] or TENANT_COLOURS)

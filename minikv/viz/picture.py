@@ -1,13 +1,5 @@
-"""A matplotlib figure that a notebook shows as a PNG, with a stable one-line text.
-
-Notebooks are checked with nbval, which compares the text/plain of every output but not the
-PNGs. A `Picture` therefore carries a sentence that says what it shows (deterministic: no memory
-addresses, no timings), and renders its figure to PNG only when a front end asks for it.
-Figures are built with `matplotlib.figure.Figure`, not pyplot, so nothing is shown twice and
-nothing piles up in pyplot's list of open figures.
-"""
-
-from __future__ import annotations
+"""A matplotlib figure that a notebook shows as a PNG, with a stable one-line text: nbval compares
+every output's text but not its PNG, so the text says what the picture shows (docs/pictures.md)."""
 
 import io
 
@@ -16,24 +8,19 @@ from matplotlib.figure import Figure
 DPI = 100  # pixels per inch of every PNG; the figures are sized in inches for this
 
 
-def figure_png(figure: Figure, dpi: int = DPI) -> bytes:
-    """The figure as PNG bytes."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
-
-
 class Picture:
-    """A figure plus the sentence that describes it; displays as a PNG."""
+    """A figure plus the deterministic sentence that describes it; displays as a PNG."""
 
     def __init__(self, figure: Figure, text: str) -> None:
         self.figure, self.text = figure, text
         self._png: bytes | None = None
 
     def png(self) -> bytes:
-        """The PNG, rendered once."""
+        """The PNG, rendered once, when a front end first asks for it."""
         if self._png is None:
-            self._png = figure_png(self.figure)
+            buffer = io.BytesIO()
+            self.figure.savefig(buffer, format="png", dpi=DPI)
+            self._png = buffer.getvalue()
         return self._png
 
     def _repr_png_(self) -> bytes:
@@ -41,8 +28,3 @@ class Picture:
 
     def __repr__(self) -> str:
         return self.text
-
-    def save(self, path: str) -> None:
-        """Write the PNG to `path`."""
-        with open(path, "wb") as f:
-            f.write(self.png())

@@ -1,19 +1,9 @@
-"""Two plots of requests over time: the stages each went through, and time to first token.
-
-`timeline` draws one row per request and one bar per queue stage it sat in, over engine steps
-(from `stage` events; for a single-node engine, waiting then running, from submit to finish).
-In disaggregated serving a row has one lane per node, so that the prefill and decode stages a
-request sits in at the same time show side by side, and a third lane for each KV batch on the
-wire, from its post to its landing.
-`ttft_plot` draws time to first token against prompt length: prefill work grows with the
-prompt, so a long prompt answered as fast as a short one (the leaked request: its prompt was
-never prefilled) sits far below the others.
-"""
-
-from __future__ import annotations
+"""Two plots of requests over time: the queue stages each went through (`timeline`), and time to
+first token against prompt length (`ttft_plot`). How to read them: docs/pictures.md."""
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -35,15 +25,11 @@ OUTCOME_MARKERS = {"finish": ("o", "finished"), "reject": ("X", "rejected (400)"
 
 
 def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: str | None = None) -> Picture:
-    """Requests (rows, in order of arrival) through the queue stages, over engine steps.
-
-    `mark` names request ids whose row label is drawn in bold red (e.g. the leaked one).
-    """
-    events = as_events(log)
-    spans, stages = stage_spans(events), stage_order(events)
-    batches = wire_spans(events)
+    """Requests (rows, in order of arrival) through the queue stages, over engine steps; the rows of
+    the request ids in `mark` (e.g. the leaked one) are labelled in bold red."""
+    events, marked = as_events(log), set(mark)
+    spans, stages, batches = stage_spans(events), stage_order(events), wire_spans(events)
     leaving = [t for t in transitions(events) if t.stage is None]  # every finish, cancel and reject
-    marked = set(mark)
     stage_colour = stage_colours(stages) | {WIRE_STAGE: WIRE_COLOUR}
     rows = list(dict.fromkeys([s.request_id for s in spans] + [t.request_id for t in leaving]))
     tenant = {s.request_id: s.tenant for s in spans} | {t.request_id: t.tenant for t in leaving}
@@ -62,36 +48,32 @@ def timeline(log: EventLog | Iterable[Event], mark: Iterable[str] = (), title: s
         handles.append(Patch(color="none", label="under 1 step:\n" + "\n".join(instant)))
     plot_h = max(0.28 * len(lanes) * max(len(rows), 1), 0.25 * (len(handles) + len(instant)))
     top, bottom = 0.45, 0.55  # inches for the title, and for the step axis
-    fig = Figure(figsize=(9.0, top + plot_h + bottom))
-    height = fig.get_figheight()
+    height = top + plot_h + bottom
+    fig = Figure(figsize=(9.0, height))
     ax = fig.add_axes((0.2, bottom / height, 0.56, plot_h / height))
     for s in lasting:
-        lane = lanes.index(s.stage.partition(".")[0])
-        y = rows.index(s.request_id) - 0.35 + lane_h * (lane + 0.5)
-        end = last_step if s.end is None else s.end
-        ax.barh(y, end - s.start, left=s.start, height=lane_h * 0.9, color=stage_colour[s.stage],
-                edgecolor="white", linewidth=1.0)
+        y = rows.index(s.request_id) - 0.35 + lane_h * (lanes.index(s.stage.partition(".")[0]) + 0.5)
+        ax.barh(y, (last_step if s.end is None else s.end) - s.start, left=s.start, height=lane_h * 0.9,
+                color=stage_colour[s.stage], edgecolor="white", linewidth=1.0)
     for t in leaving:
         ax.plot(t.step, rows.index(t.request_id), marker=OUTCOME_MARKERS[t.outcome][0], color=INK,
                 markersize=6, linestyle="none")
     ax.set_yticks(range(len(rows)), [f"{tenant[r]}/{r}" for r in rows], fontsize=8)
     for label, request_id in zip(ax.get_yticklabels(), rows):
         if request_id in marked:
-            label.set_color(CROSS_READ)
-            label.set_fontweight("bold")
-    ax.set_ylim(max(len(rows), 1) - 0.5, -0.5)
-    ax.set_xlim(0, last_step)
+            label.set(color=CROSS_READ, fontweight="bold")
+    ax.set(ylim=(max(len(rows), 1) - 0.5, -0.5), xlim=(0, last_step))
     ax.set_xlabel("engine step", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title(title or "Requests through the queues", fontsize=10)
     if len(lanes) > 1:
         ax.set_ylabel("lanes, top to bottom: " + ", ".join(lanes), fontsize=8)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=LEGEND_PT, frameon=False)
-    summary = ", ".join(f"{sum(1 for t in leaving if t.outcome == k)} {OUTCOME_MARKERS[k][1]}" for k in used)
+    summary = [f"{sum(1 for t in leaving if t.outcome == k)} {OUTCOME_MARKERS[k][1]}" for k in used]
     if batches:
-        summary += f"{', ' if summary else ''}{len(batches)} KV batch{'es' if len(batches) > 1 else ''} on the wire"
-    return Picture(fig, f"Timeline of {len(rows)} requests over {last_step} steps through {', '.join(stages) or 'no stages'}"
-                        + (f"; {summary}" if summary else ""))
+        summary.append(f"{len(batches)} KV batch{'es' if len(batches) > 1 else ''} on the wire")
+    text = f"Timeline of {len(rows)} requests over {last_step} steps through {', '.join(stages) or 'no stages'}"
+    return Picture(fig, text + (f"; {', '.join(summary)}" if summary else ""))
 
 
 def stage_colours(stages: Sequence[str]) -> dict[str, str]:
@@ -101,29 +83,24 @@ def stage_colours(stages: Sequence[str]) -> dict[str, str]:
     for g, prefix in enumerate(groups):
         members = [s for s in stages if s.partition(".")[0] == prefix]
         cmap = colormaps[STAGE_CMAPS[g % len(STAGE_CMAPS)]]
-        for i, stage in enumerate(members):
-            colours[stage] = to_hex(cmap(0.35 + 0.5 * (i + 1) / len(members)))
+        colours |= {stage: to_hex(cmap(0.35 + 0.5 * (i + 1) / len(members))) for i, stage in enumerate(members)}
     return colours
 
 
 def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
-    """Time to first token (ms) against prompt tokens, one dot per answered request.
-
-    Requests in `mark` (ids) are drawn as large red stars with their label; a line fitted
-    through the other requests shows the time their prompt length would imply.
-    """
-    marked = set(mark)
-    timed = [r for r in responses if r.ttft_s is not None]
+    """Time to first token (ms) against prompt tokens, one dot per answered request; those in `mark`
+    (ids) are labelled red stars, and a line fitted through the others shows what length implies."""
+    marked, timed = set(mark), [r for r in responses if r.ttft_s is not None]
     normal = [r for r in timed if r.request_id not in marked]
     special = [r for r in timed if r.request_id in marked]
+    xs, ys = [r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal]
     fig = Figure(figsize=(6.5, 4.0))
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.77))
-    ax.scatter([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal], s=22,
-               color=OTHER_REQUESTS, edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
-    if len(normal) >= 2 and len({r.usage.prompt_tokens for r in normal}) >= 2:
-        slope, intercept = _fit([r.usage.prompt_tokens for r in normal], [r.ttft_s * 1e3 for r in normal])
-        xs = [0, max(r.usage.prompt_tokens for r in timed)]
-        ax.plot(xs, [intercept + slope * x for x in xs], color=INK, linewidth=1, linestyle="--",
+    ax.scatter(xs, ys, s=22, color=OTHER_REQUESTS, edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
+    if len(set(xs)) >= 2:
+        slope, intercept = np.polyfit(xs, ys, 1)  # least squares
+        ends = [0, max(r.usage.prompt_tokens for r in timed)]
+        ax.plot(ends, [intercept + slope * x for x in ends], color=INK, linewidth=1, linestyle="--",
                 label="what the prompt length implies (fit)", zorder=2)
     for r in special:
         ax.scatter([r.usage.prompt_tokens], [r.ttft_s * 1e3], s=260, marker="*", color=CROSS_READ,
@@ -135,8 +112,7 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
         ax.scatter([], [], s=120, marker="*", color=CROSS_READ, edgecolor=INK, label="marked")
     ax.set_xlabel("prompt tokens (usage.prompt_tokens)")
     ax.set_ylabel("time to first token (ms)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    ax.set(xlim=(0, None), ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=LEGEND_PT, loc="best")
     ax.set_title(title or "Time to first token against prompt length", fontsize=10)
@@ -145,11 +121,3 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
     text += f" ({untimed} without a first token not drawn)" if untimed else ""
     text += f"; marked: {', '.join(f'{r.tenant}/{r.request_id}' for r in special)}" if special else ""
     return Picture(fig, text)
-
-
-def _fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares line y = intercept + slope * x."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return slope, my - slope * mx

@@ -33,7 +33,7 @@ class EngineConfig:
         if self.num_pages is None and self.kv_memory_bytes is None:
             raise ValueError("give the pool a size: num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1 (a pool smaller than one page holds nothing), got {self.num_pages}")
+            raise ValueError(f"num_pages must be >= 1 (a pool of no pages holds nothing), got {self.num_pages}")
         if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
             raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
         if self.context_len < 2:

@@ -54,8 +54,6 @@ class EngineConfig:
             return self.num_pages
         pages = self.kv_memory_bytes // (model.kv_bytes_per_token * self.page_size)
         if pages < 1:
-            raise ValueError(
-                f"kv_memory_bytes={self.kv_memory_bytes} holds less than one page "
-                f"({model.kv_bytes_per_token * self.page_size} bytes); raise it"
-            )
+            raise ValueError(f"kv_memory_bytes={self.kv_memory_bytes} holds less than one page "
+                             f"({model.kv_bytes_per_token * self.page_size} bytes); raise it")
         return pages

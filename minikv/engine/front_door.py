@@ -226,7 +226,7 @@ class FrontDoor(ABC):
 
     def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
                  sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt, step until each is answered; their responses in prompt order (others wait)."""
+        """Submit every prompt and step until each is answered: their responses, in prompt order (others wait)."""
         ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
         for _ in range(100_000):
             if all(i in self.book.outbox for i in ids):

@@ -120,8 +120,7 @@ class Scheduler:
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
                 victim = next((s for s in reversed(self.running) if s is not seq), None)
-                if victim is None:
-                    raise AssertionError("admission let in a request the whole pool cannot hold")
+                assert victim is not None, "admission let in a request the whole pool cannot hold"
                 self.preempt(victim)
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None

@@ -1,12 +1,10 @@
 """Attention over a KV cache: the interface every cache implements, and the dense reference.
 
-The model never owns its keys and values: each layer hands its new K/V to a *backend* chosen by the
-caller (a contiguous cache, a page pool, nothing at all), which stores them and attends the
-queries over what each sequence may see. Three paths serve the engine, one file each: this one (a
-batch attending within itself under a mask: training and the reference), gather.py (each request's
-context gathered through its block table, then SDPA) and tiles.py (one call for a whole batch).
+The model never owns its K/V: each layer hands them to a *backend* the caller chose, which stores
+them and attends the queries over what each sequence may see. Three paths serve the engine, one file
+each: this one (a batch within itself under a mask: training and the reference), gather.py (request
+by request) and tiles.py (one call for a whole batch). See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -21,26 +19,14 @@ class AttentionBackend(Protocol):
     """Where one forward pass keeps and reads its keys and values."""
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, last_only: bool = False) -> Tensor:
-        """Store this step's new `k`, `v` for `layer`, then attend `q` over the visible cache.
-
-        Args:
-            layer: index of the decoder layer calling.
-            q: (..., num_heads, head_dim) queries of the new tokens, RoPE already applied; with
-                `last_only`, only each request's last new token's query (B, H, D).
-            k, v: (..., num_kv_heads, head_dim) keys and values of every new token.
-            last_only: attend each request's last query only (Llama.forward's last layer, when
-                only those rows' logits are kept); a backend that cannot asserts it is False.
-        Returns:
-            (..., num_heads, head_dim) attention output for each query given.
-        """
+        """Store decoder layer `layer`'s new `k`, `v` (..., KVH, D), then attend `q` (..., H, D; RoPE applied)
+        over the visible cache; returns (..., H, D). With `last_only` (Llama.forward's last layer), q holds
+        only each request's last new query (B, H, D); a backend that cannot asserts it is False."""
         ...
 
 
 def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
-    """Grouped-query attention: repeat each KV head for the query heads that share it.
-
-    x: (..., S, num_kv_heads, D) -> (..., S, num_heads, D)
-    """
+    """Grouped-query attention: repeat each KV head for its query heads, (..., S, KVH, D) -> (..., S, H, D)."""
     num_kv_heads = x.shape[-2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
     if num_kv_heads == num_heads:
@@ -49,12 +35,8 @@ def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
 
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False) -> Tensor:
-    """Plain SDPA over gathered keys: the one kernel every backend ends in.
-
-    q: (B, T, H, D); k, v: (B, S, KVH, D); mask: (B, T, S) bool, True where a query may look,
-    or None when every query may see every key, or (is_causal, mask None, T == S) query t sees
-    keys 0..t. Returns (B, T, H, D).
-    """
+    """Plain SDPA over gathered keys, the kernel every backend ends in: q (B, T, H, D), k, v (B, S, KVH, D),
+    mask (B, T, S) True where a query may look, or None: every key (with `is_causal`, T == S: keys 0..t)."""
     assert not (is_causal and mask is not None), "a causal call takes no mask"
     num_heads = q.shape[-2]
     k, v = repeat_kv(k, num_heads), repeat_kv(v, num_heads)  # (B, S, H, D)
@@ -78,7 +60,7 @@ class DenseAttention:
         return masked_attention(q, k, v, self.mask)
 
 
-def causal_mask(batch: int, seq_len: int, device: torch.device | str = "cpu") -> Tensor:
-    """(B, T, T) lower-triangular mask: token t sees tokens 0..t."""
-    tri = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-    return tri.expand(batch, -1, -1)
+def causal_mask(batch: int, seq_len: int, device: torch.device | str = "cpu", start: int = 0) -> Tensor:
+    """(B, T, S) mask of queries at positions start..S-1 over keys 0..S-1 (S = seq_len): t sees 0..t."""
+    positions = torch.arange(seq_len, device=device)  # (S,)
+    return (positions[None, :] <= positions[start:, None]).expand(batch, -1, -1)

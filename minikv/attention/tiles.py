@@ -1,15 +1,10 @@
 """One attention call for a whole batch of requests of different lengths, read straight from pages.
 
-The fast path of the three (dense.py names them), as FlashAttention's varlen API and vLLM's
-paged-attention kernels do it, in plain tensor operations that run on any device. Each request's
-queries are cut into blocks of `block_q` rows (1 in decode); each block meets every key block of
-its own context it may see (`pages_per_tile` pages), one *tile* at a time, all tiles' keys read
-from the pool in one gather, nothing padded to the longest request. A split softmax puts a block's
-tiles back together: the row maxima combined with one `scatter_reduce`, the exponentials and
-weighted values summed with `index_add_` (FlashDecoding's split-K reduction). `TilePlan` (built
-once per step) says which tiles exist; `tiled_attention` (run by every layer) computes them.
+The fast path of the three (dense.py names them), as FlashAttention's varlen API and vLLM's paged
+kernels do it, in plain tensor operations: each block of queries meets each key block (*tile*) of
+its own context it may see, nothing padded to the longest request, and a split softmax (FlashDecoding's
+split-K) puts a block's tiles back together. `TilePlan` is built once per step. See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -48,8 +43,6 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
         block_tables: (B, max_pages) each request's pages in order (padding is never seen).
         starts: (B,) tokens each request had cached before this step.
         num_new: (B,) queries each request adds this step (at least 1).
-        page_size: tokens per page.
-        num_kv_heads: key/value heads per slot.
         block_q: query rows per block (1 when every request decodes one token).
         pages_per_tile: pages in a tile's key block.
     """
@@ -87,15 +80,8 @@ def segments(counts: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
-    """Causal attention of every request's queries over its own pages, in one call.
-
-    Args:
-        q: (N, H, D) the step's queries, request after request, RoPE applied.
-        kv_pages: (2, num_pages, page_size, KVH, D) one layer of the pool, keys then values.
-        plan: the step's tiles (tile_plan).
-    Returns:
-        (N, H, D), equal to SDPA over each request's gathered context within float tolerance.
-    """
+    """Causal attention of every request's queries q (N, H, D) over its own pages, in one call: kv_pages
+    (2, num_pages, page_size, KVH, D) is one layer of the pool. Returns (N, H, D), as SDPA would."""
     N, H, D = q.shape
     KVH = kv_pages.shape[3]
     G, Bq, Bk = H // KVH, plan.block_q, plan.block_k
@@ -123,14 +109,8 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
 
 
 def weighted_values(probs: Tensor, v_pages: Tensor, plan: TilePlan) -> Tensor:
-    """Each tile's probabilities times its values: (n_tiles, KVH, R, Bk) x values -> (n_tiles, KVH, R, D).
-
-    With blocks of queries (prefill tiles) the tiles' values are gathered once and multiplied as
-    a matrix. With one query per block (decode), `embedding_bag` sums the weighted value rows
-    straight from the pool instead (one bag of Bk rows per tile, head and query), so the values are
-    never gathered into a copy (in the benchmark's decode step of 32 requests, 2.4 MB a layer, as
-    large as the keys'); tests/test_paged_attention.py checks it against the gathered product.
-    """
+    """Each tile's probabilities (n_tiles, KVH, R, Bk) times its values -> (n_tiles, KVH, R, D): gathered and
+    multiplied in prefill; in decode `embedding_bag` sums the weighted rows straight from the pool, no copy."""
     n_tiles, KVH, R, Bk = probs.shape
     D = v_pages.shape[-1]
     if plan.block_q > 1:

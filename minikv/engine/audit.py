@@ -1,15 +1,10 @@
 """The ownership audit: a ledger of who wrote every slot, checked on every attention read.
 
-Freed pages keep their data, so what stands between tenants is whether each request reads only
-the slots it wrote. Every write records its writer; every read compares the slot's writer with the
-reader, and a mismatch becomes an event naming reader, victim and pages (zero in a correct engine).
-A page taken from the prefix cache is the one legitimate exception: a **shared read**, when the
-writer wrote the slot at the position the reader reads it at and both prompts agree up to there
-(the reader's own prefill would have written the same values). Shared reads across tenants are
-counted apart (`cross_tenant_cache_hits`): no foreign data, but the side channel `cached_tokens`
-and timing reveal.
+Freed pages keep their data, so what stands between tenants is whether each request reads only the
+slots it wrote: a read of a slot someone else wrote is an event naming reader, victim and pages.
+The one legitimate exception is a **shared read** of a prefix-cache page whose writer sent the same
+prompt up to there (counted apart, `cross_tenant_cache_hits`, when tenants differ). See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ class OwnershipAudit:
     def __init__(self, num_slots: int, page_size: int, node: str, device: torch.device | str = "cpu") -> None:
         self.writers = torch.full((num_slots,), NEVER_WRITTEN, dtype=torch.long, device=device)
         self.positions = torch.full((num_slots,), UNKNOWN_POSITION, dtype=torch.long, device=device)
-        self.page_size = page_size
-        self.node = node
+        self.page_size, self.node = page_size, node
         self.names: dict[int, tuple[str, str]] = {}  # uid -> (request id, tenant), while it may be needed
         self.prompts: dict[int, list[int]] = {}  # uid -> the prompt token ids it sent, kept as long as its name
         self.live: set[int] = set()  # registered and not yet retired
@@ -59,12 +53,7 @@ class OwnershipAudit:
         self.live.add(uid)
 
     def retire(self, uid: int) -> None:
-        """`uid` will write no more. Its name is kept while some slot still holds its data.
-
-        Names of retired writers whose slots have all been overwritten are dropped whenever the
-        retired names double, so the table's size follows the pool and the live requests, not
-        the number of requests ever served.
-        """
+        """`uid` will write no more: its name stays while a slot holds its data (pruned when retired names double)."""
         self.live.discard(uid)
         self.shared.pop(uid, None)
         if len(self.names) - len(self.live) >= self._prune_at:  # retired names kept: prune when they double
@@ -95,7 +84,8 @@ class OwnershipAudit:
         bad = valid & (writers != reader_uids[:, None])
         if not bool(bad.any()):
             return []
-        at_own_position = self.positions[gather] == torch.arange(gather.shape[1], device=gather.device)[None, :]  # (B, S)
+        key_positions = torch.arange(gather.shape[1], device=gather.device)[None, :]  # (1, S)
+        at_own_position = self.positions[gather] == key_positions  # (B, S) written at the position it is read at
         found = []
         for b in bad.any(dim=1).nonzero().flatten().tolist():
             reader_uid = int(reader_uids[b])

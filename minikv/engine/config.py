@@ -33,7 +33,7 @@ class EngineConfig:
         if self.num_pages is None and self.kv_memory_bytes is None:
             raise ValueError("give the pool a size: num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1 (a pool smaller than one page holds nothing), got {self.num_pages}")
+            raise ValueError(f"num_pages must be >= 1 (a pool of no pages holds nothing), got {self.num_pages}")
         if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
             raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
         if self.context_len < 2:
@@ -54,8 +54,6 @@ class EngineConfig:
             return self.num_pages
         pages = self.kv_memory_bytes // (model.kv_bytes_per_token * self.page_size)
         if pages < 1:
-            raise ValueError(
-                f"kv_memory_bytes={self.kv_memory_bytes} holds less than one page "
-                f"({model.kv_bytes_per_token * self.page_size} bytes); raise it"
-            )
+            raise ValueError(f"kv_memory_bytes={self.kv_memory_bytes} holds less than one page "
+                             f"({model.kv_bytes_per_token * self.page_size} bytes); raise it")
         return pages

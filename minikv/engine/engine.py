@@ -8,7 +8,6 @@
 write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
 """
 
-
 from __future__ import annotations
 
 import time
@@ -17,11 +16,10 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.engine.front_door import check_pool
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.config import EngineConfig
 from minikv.engine.events import Clock, EventLog
-from minikv.engine.front_door import FrontDoor
+from minikv.engine.front_door import FrontDoor, check_pool
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.page_pool import PagePool
 from minikv.engine.prefix_cache import request_page_keys
@@ -54,8 +52,9 @@ class Engine(FrontDoor):
                          Clock(), node)  # the clock is the engine's step number; only step() advances it
         self.model, self.node = model, node
         pages = config.pool_pages(mc)
-        self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node, config.audit,
-                                               config.prefix_caching, scrub_on_free, config.tenant_pages(pages))
+        self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node,
+                                               config.audit, config.prefix_caching, scrub_on_free,
+                                               config.tenant_pages(pages))
         self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer, config.max_prefill_tokens,
                                    config.max_batch_size, config.chunked_prefill)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
@@ -105,7 +104,8 @@ class Engine(FrontDoor):
         for f in ended:
             ok = f.status == HTTPStatus.OK
             self.scheduler.release(f.seq, f"finished ({f.seq.finish_reason})" if ok else "failed")
-            self._event("finish", f.seq.request_id, f.seq.tenant, f.seq.finish_reason if ok else f"failed (500): {f.error}")
+            why = f.seq.finish_reason if ok else f"failed (500): {f.error}"
+            self._event("finish", f.seq.request_id, f.seq.tenant, why)
             self._retire(f.seq)
         self.clock.advance()
         return ended

@@ -1,19 +1,7 @@
 """The event log: every allocation, write, read, free and state change, in order.
 
 Notebooks and widgets replay it to show what the engine did step by step; tests assert on it.
-
-Event kinds and what their fields mean:
-- submit / reject: a request arrived / was answered 400 at the door (detail: the reason);
-- allocate: `pages` were taken off the free list for the request (it now owns them);
-- cache_hit: the request took `pages` from the prefix cache (one more reference each) for the
-  start of its prompt, instead of computing them; detail: how many prompt tokens that is;
-- write: the request's K/V were written into `pages` (by a forward, or by a KV transfer);
-- read: the request attended over `pages` (its block table, in order);
-- cross_read: the audit saw the request read slots written by someone else; detail names the
-  victim as "victim=<tenant>/<request id>" (or "victim=never-written");
-- free: `pages` went back to the free list, data intact; preempt: the same, to recompute later;
-- finish / cancel: the request left (detail: why);
-- stage: the request moved to a queue stage (detail: the stage name, e.g. "prefill.bootstrap").
+Each kind of event and what its fields mean: docs/engine.md, "The event log".
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ class Event:
 
     step: int
     node: str
-    kind: str  # submit, reject, admit, allocate, write, read, free, finish, preempt, cancel, ...
+    kind: str  # submit, reject, allocate, cache_hit, write, read, cross_read, free, preempt, finish, ...
     request_id: str
     tenant: str
     pages: tuple[int, ...] = ()
@@ -35,7 +23,8 @@ class Event:
 
     def __str__(self) -> str:
         pages = f" pages={list(self.pages)}" if self.pages else ""
-        return f"[{self.node} step {self.step}] {self.kind} {self.tenant}/{self.request_id}{pages} {self.detail}".rstrip()
+        who = f"{self.tenant}/{self.request_id}"
+        return f"[{self.node} step {self.step}] {self.kind} {who}{pages} {self.detail}".rstrip()
 
 
 @dataclass
@@ -50,12 +39,7 @@ class Clock:
 
 @dataclass
 class EventLog:
-    """An append-only list of events.
-
-    `enabled=False` keeps benchmarks and servers free of the cost. `limit` bounds a long run's
-    memory: once the log holds twice `limit` events, the oldest are dropped so `limit` remain
-    (notebooks keep the default, the whole history).
-    """
+    """An append-only list of events (none with `enabled=False`); with `limit`, about that many recent ones."""
 
     enabled: bool = True
     events: list[Event] = field(default_factory=list)

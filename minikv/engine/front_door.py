@@ -1,17 +1,10 @@
 """The front door every server has, whatever runs behind it: ids, checks, live requests, answers.
 
-`Engine`, `Cluster` and `DistCluster` are front doors; each supplies only how its requests are
-admitted, cancelled and stepped (`_admit`, `_cancel`, `_advance`). The same everywhere:
-- **ids**: the engine owns them. A client's own `request_id` is only echoed back, scoped to its
-  tenant, never used to route; it becomes the engine's id when no held request uses it and it is
-  not automatic (`req-N`). A second request with the same name from the same tenant is a 400.
-- **admission control**: the request's shape and the advertised window, cheapest first; every
-  refusal is a 400 whose message names the numbers involved, the same words from every door.
-- **live requests**: `seqs`, engine id -> the Sequence being served, until it ends.
-- **answers**: one Response per request (`to_response`), handed over once by `step` (or `run`,
-  `generate`) to the tenant that asked, and then forgotten: memory follows the live requests.
+`Engine`, `Cluster` and `DistCluster` each supply only how their requests are admitted, cancelled
+and stepped (`_admit`, `_cancel`, `_advance`). The same everywhere: engine-owned ids (a client's
+`request_id` is only echoed back), the checks at the door (400s whose messages name the numbers),
+the live requests (`seqs`), and one Response per request, handed over once. See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -27,6 +20,7 @@ from minikv.engine.request import Finished, Request, Response, Sequence, error_r
 from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import PromptError, encode_prompt, longest_token_chars
 
+
 # -- admission control: the checks a request must pass before it may hold any KV cache ---------
 class Rejected(Exception):
     """A request answered 400; `prompt_tokens` is how many tokens it had, when known."""
@@ -37,6 +31,7 @@ class Rejected(Exception):
 
 
 UNTOKENIZED_FACTOR = 4  # a prompt this many windows long (in the longest token's characters) is never tokenized
+MAX_SALT_CHARS = 256
 
 
 def check_shape(request: Request) -> None:
@@ -48,18 +43,19 @@ def check_shape(request: Request) -> None:
     problem = request.sampling.problem()
     if problem:
         raise Rejected(problem)
-    check_cache_salt(request.cache_salt)
+    salt = request.cache_salt  # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
+    if salt is not None and not (isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable()):
+        shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
+        raise Rejected(f"cache_salt must be 1 to {MAX_SALT_CHARS} printable characters, got {shown}")
 
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
                   chars_per_token: int | None = None) -> list[int]:
-    """What every front door checks (Engine, Cluster, DistCluster): the request's shape, then the
-    advertised window. Returns the prompt's token ids, or raises Rejected. A prompt longer than
-    UNTOKENIZED_FACTOR windows of the longest token (`chars_per_token`) is refused untokenized:
-    however it splits, it has too many tokens, and tokenizing a megabyte takes seconds."""
+    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or Rejected."""
     check_shape(request)
     text = request.prompt
-    if chars_per_token is not None and isinstance(text, str) and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token:
+    if (chars_per_token is not None and isinstance(text, str)
+            and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token):
         at_least = -(-len(text) // chars_per_token)
         raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window is "
                        f"{context_len} tokens (prompt + output)", at_least)
@@ -71,23 +67,11 @@ def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_
     return ids
 
 
-MAX_CACHE_SALT_CHARS = 256
-
-
-def check_cache_salt(salt: object) -> None:
-    """A cache_salt is client input like any other: a bad one is a 400, never a crash (vLLM's
-    CVE-2026-105756 ended the engine core for every user on an over-long salt)."""
-    if salt is None:
-        return
-    if not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT_CHARS or not salt.isprintable():
-        shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
-        raise Rejected(f"cache_salt must be 1 to {MAX_CACHE_SALT_CHARS} printable characters, got {shown}")
-
-
 def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
     """The prompt, and the prompt plus its output, must fit the advertised context window."""
     if prompt_len > context_len - 1:
-        raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens (prompt + output)", prompt_len)
+        raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens (prompt + output)",
+                       prompt_len)
     if prompt_len + max_tokens > context_len:
         raise Rejected(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
                        f"exceeds the context window of {context_len} tokens", prompt_len)
@@ -118,7 +102,8 @@ class RequestBook:
         if not isinstance(request.tenant, str) or not request.tenant:
             problem = f"tenant must be a non-empty string, got {request.tenant!r}"
         elif request.request_id is not None and not isinstance(request.request_id, str):
-            problem = f"request_id must be a string or None, got {type(request.request_id).__name__} {request.request_id!r}"
+            problem = (f"request_id must be a string or None, got {type(request.request_id).__name__} "
+                       f"{request.request_id!r}")
         tenant = request.tenant if isinstance(request.tenant, str) else ""  # "" is no tenant's name
         name = request.request_id if problem is None else None
         if name and (tenant, name) in self.named:
@@ -194,23 +179,23 @@ class FrontDoor(ABC):
 
     # -- the client API ----------------------------------------------------------------------
     def submit(self, request: Request, prompt_ids: list[int] | None = None) -> str:
-        """Admit `request`, or answer it at once: 400 with the reason, or 500 if checking it raised.
-        Returns the engine's id for it. `prompt_ids`: what `check_at_door` returned for this request
-        (a server runs the checks on its own threads, off the one that steps the engine)."""
+        """Admit `request`, or answer it at once (400 with the reason; 500 if checking it raised); its engine
+        id. `prompt_ids`: what `check_at_door` returned, when a server ran the checks on its own threads."""
         request_id, tenant, problem = self.book.open(request)
-        name = request.request_id if isinstance(request.request_id, str) else None
         try:
             if problem:
                 raise Rejected(problem)
             ids = prompt_ids or check_at_door(request, self.tokenizer, self.config.context_len, self.chars_per_token)
             self.seqs[request_id] = self._admit(request, request_id, ids)
+            return request_id
         except Rejected as e:
-            self._event("reject", request_id, tenant, e.reason)
-            self.book.answer(error_response(request_id, tenant, HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens, name))
+            status, reason, prompt_tokens = HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens
         except Exception as e:  # noqa: BLE001 - one request's failure, not the server's
+            status, prompt_tokens = HTTPStatus.INTERNAL_SERVER_ERROR, 0
             reason = f"internal error while checking this request: {type(e).__name__}: {e}"
-            self._event("reject", request_id, tenant, reason)
-            self.book.answer(error_response(request_id, tenant, HTTPStatus.INTERNAL_SERVER_ERROR, reason, 0, name))
+        self._event("reject", request_id, tenant, reason)
+        name = request.request_id if isinstance(request.request_id, str) else None
+        self.book.answer(error_response(request_id, tenant, status, reason, prompt_tokens, name))
         return request_id
 
     def cancel(self, request_id: str) -> bool:
@@ -241,10 +226,7 @@ class FrontDoor(ABC):
 
     def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
                  sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt, step until each is answered, return responses in prompt order.
-
-        Responses of other requests completed meanwhile stay for the next `step`.
-        """
+        """Submit every prompt and step until each is answered: their responses, in prompt order (others wait)."""
         ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
         for _ in range(100_000):
             if all(i in self.book.outbox for i in ids):

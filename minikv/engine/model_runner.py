@@ -1,11 +1,9 @@
 """Runs one batch through the model over a page pool, and picks each request's next token.
 
-Whoever decides *which* requests run (a scheduler) hands the batch here, and the scheduler's
-postprocess applies the result: the runner changes no sequence. It logs what is written and read,
-and turns the audit's findings into `cross_read` events. An exception is the failure of the request
-it concerns, never the node's: a sampling error for that request, a failed forward for the batch.
+The runner changes no sequence (the scheduler's postprocess applies its result); it logs what is
+written and read, and the audit's findings as `cross_read` events. An exception fails the request
+it concerns, never the node: a sampling error that request, a failed forward the batch.
 """
-
 
 from __future__ import annotations
 
@@ -15,10 +13,10 @@ import torch
 
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.events import Event, EventLog
-from minikv.model.llama import Llama
 from minikv.engine.page_pool import PagePool
 from minikv.engine.paged_step import PagedStep, SeqSlice
 from minikv.engine.request import Sequence
+from minikv.model.llama import Llama
 from minikv.model.sampling import sample_next
 
 
@@ -43,17 +41,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, step_no: int, phase: str, seqs: list[Sequence], new_tokens: list[list[int]]) -> list[Sampled]:
-        """Compute K/V for each sequence's `new_tokens` after its cached ones; return each next token.
-
-        Every sequence must already own pages for all of its tokens. Samples with each
-        sequence's own generator (advancing it), and changes nothing else.
-        """
+        """Compute K/V for each sequence's `new_tokens` after its cached ones (PagedStep asserts it owns pages
+        for all); return each next token, sampled with the sequence's own generator. Changes nothing else."""
         slices, ids = [], []
         ps = self.pool.page_size
         for seq, toks in zip(seqs, new_tokens):
             start, end = seq.num_cached, seq.num_cached + len(toks)
-            assert len(seq.block_table) * ps >= end, f"{seq.request_id} has pages for {len(seq.block_table) * ps} tokens, needs {end}"
-            assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} would write into a shared page"
+            assert self.pool.ref_count(seq.block_table[start // ps]) == 1, f"{seq.request_id} writes into a shared page"
             slices.append(SeqSlice(seq.uid, list(seq.block_table), start, len(toks)))
             ids += toks
             if self.log.enabled:
@@ -62,18 +56,19 @@ class ModelRunner:
                                    f"{phase}: {len(toks)} token(s) at positions {start}..{end - 1}"))
                 self.log.add(Event(step_no, self.node, "read", seq.request_id, seq.tenant,
                                    tuple(seq.block_table[: self.pool.pages_for(end)]), f"attend over {end} tokens"))
-        device = self.model.device
         step = PagedStep(self.pool, slices, self.audit)  # block tables, positions, slots: tensors, once per step
         try:
-            logits = self.model(torch.tensor(ids, device=device), step.positions, step, logits_index=step.last_rows,
-                                last_layer_on_logits_only=True)  # (B, V): each request's last token only
+            logits = self.model(torch.tensor(ids, device=self.model.device), step.positions, step,
+                                logits_index=step.last_rows, last_layer_on_logits_only=True)  # (B, V): last tokens only
         except Exception as e:  # noqa: BLE001 - the batch fails, the node goes on
             return [Sampled(error=failure(e)) for _ in seqs]
         for e in step.findings:
             victim = f"{e.victim_tenant}/{e.victim}" if e.victim else "never-written"
-            self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages, f"victim={victim}"))
+            self.log.add(Event(step_no, self.node, "cross_read", e.reader, e.reader_tenant, e.pages,
+                               f"victim={victim}"))
         top = logits.argmax(-1).tolist()  # (B,) the greedy choice of every row in one call, as sample_next's
-        return [Sampled(token=top[b]) if seq.sampling.greedy else self.sample(seq, logits[b]) for b, seq in enumerate(seqs)]
+        return [Sampled(token=top[b]) if seq.sampling.greedy else self.sample(seq, logits[b])
+                for b, seq in enumerate(seqs)]
 
     @staticmethod
     def sample(seq: Sequence, logits: torch.Tensor) -> Sampled:

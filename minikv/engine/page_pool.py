@@ -1,18 +1,10 @@
 """The page pool: one KV tensor per node, cut into fixed-size pages, shared by every request.
 
-Allocated once. A request takes pages when admitted and gives them back when it ends; freeing only
-puts page numbers back on the free list. **The bytes are not zeroed** (that would cost a write per
-freed page), so a freed page keeps its last owner's keys and values until the next owner overwrites
-them: isolation between tenants rests entirely on this bookkeeping. The free list is a stack, and a
-request's pages go back in reverse, so the next request receives them in the same order: in a leak,
-the stale data a new request sees is the *most recent* tenant's.
-
-With prefix caching (prefix_cache.py) a page can be held by several requests (`holders`; the ref
-count is their number). A freed page with a cache key is *parked* instead of stacked: free, still
-matchable; `allocate` takes from the stack first and evicts parked pages (least recently used
-first) only when the stack is empty, as SGLang does. A page is never handed out while held.
+Freeing a page only puts its number back on the free stack: **the bytes are not zeroed**, so a
+freed page keeps its last owner's K/V until the next owner overwrites them, and isolation between
+tenants rests on this bookkeeping alone. With prefix caching a page may have several holders, and
+a freed page with a cache key is *parked*: free, still matchable. See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -22,9 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from minikv.engine.prefix_cache import PrefixCache
 from minikv.model.devices import available_memory_bytes
 from minikv.model.llama import ModelConfig
-from minikv.engine.prefix_cache import PrefixCache
 
 
 class PoolExhausted(RuntimeError):
@@ -39,15 +31,15 @@ def allocate_pool(shape: tuple[int, ...], device: torch.device, dtype: torch.dty
     """An uninitialised tensor of `shape`, or PoolTooLarge naming the bytes needed and the bytes free."""
     need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     free = available_memory_bytes(device)
-    num_pages, page_size = shape[2], shape[3]
-    too_large = (f"a KV pool of {num_pages:,} pages x {page_size} tokens needs {need:,} bytes; "
-                 f"{device} has {{}} bytes available: lower num_pages or page_size")
+    available = f"{free:,}" if free is not None else "fewer"
+    too_large = PoolTooLarge(f"a KV pool of {shape[2]:,} pages x {shape[3]} tokens needs {need:,} bytes; "
+                             f"{device} has {available} bytes available: lower num_pages or page_size")
     if free is not None and need > free:
-        raise PoolTooLarge(too_large.format(f"{free:,}"))
+        raise too_large
     try:
         return torch.empty(shape, device=device, dtype=dtype)
     except (torch.OutOfMemoryError, RuntimeError):  # the allocator refused although the check passed
-        raise PoolTooLarge(too_large.format(f"{free:,}" if free is not None else "fewer")) from None
+        raise too_large from None
 
 
 class PagePool:
@@ -63,9 +55,7 @@ class PagePool:
         self.page_size, self.num_pages = page_size, num_pages
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
         self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
-        # Fresh memory holds whatever was there before; fill it once at boot so that runs are
-        # reproducible. This is the only time the pool is cleared (unless scrub_on_free).
-        self.kv.zero_()
+        self.kv.zero_()  # once, at boot, so runs are reproducible; freeing never clears it (unless scrub_on_free)
         self.scrub_on_free = scrub_on_free
         self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
@@ -100,18 +90,18 @@ class PagePool:
 
     # -- allocation (check, then act) ---------------------------------------------------
     def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
-        """Whether `num_pages` new pages are free for a request of `tenant` once it holds its `cached`
-        hits: the stack, and the parked pages it may evict (its own, with a partitioned cache; anyone's
-        when the pool is idle, since nothing else would ever free a page)."""
+        """Whether `num_pages` new pages are free for `tenant` once it holds its `cached` hits: the stack,
+        and the parked pages it may evict (its own with a partitioned cache; anyone's in an idle pool)."""
         parked = self.prefix_cache.evictable(self._evictor(tenant), cached) if self.prefix_cache else 0
         return num_pages <= len(self.free_pages) + parked
 
     def _evictor(self, tenant: str | None) -> str | None:
+        """Whose parked pages a request of `tenant` may evict: anyone's (None) in an idle pool, else its own."""
         return None if self.num_held == 0 else tenant
 
     def allocate(self, num_pages: int, owner: str, cached: list[int] = (), tenant: str | None = None) -> list[int]:
-        """`cached` (prefix-cache hits: one more holder each, held again if parked), then `num_pages`
-        new pages for `owner`: off the stack, then evicting parked pages `tenant` may take (LRU). Returns the new pages."""
+        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`: off the
+        stack first, then evicting parked pages `tenant` may take, least recently used first. Returns the new ones."""
         if not self.can_allocate(num_pages, cached, tenant):
             raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
         evictor = self._evictor(tenant)
@@ -121,9 +111,8 @@ class PagePool:
                 self.prefix_cache.unpark(p)
                 self.num_held += 1
             self.holders[p].append(owner)
-        if cached:
-            self.prefix_cache.hits += len(cached)
-        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict(evictor) for _ in range(num_pages)]
+        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict(evictor)
+                 for _ in range(num_pages)]
         for p in pages:
             assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
             self.holders[p].append(owner)

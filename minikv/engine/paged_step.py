@@ -1,16 +1,11 @@
 """One step over a page pool: write K/V into slots, read them back through each request's block table.
 
-Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`. A step
-scatters its new tokens' K/V into their slots, then every request attends over its own context by
-one of two paths (attention/): the **tiles** (one call per layer for the whole batch: every step on
-a GPU, where a loop over requests is a loop of kernel launches, and on a CPU decode batches of at
-least `CPU_TILES_MIN_BATCH`), or the **gather** (request by request, SDPA on its gathered context: a
-CPU's prefills, where one fused SDPA call per request beats the tiles' separate passes, and its
-small decode batches). `attend(..., last_only=True)` stores every token's K/V but attends only each
-request's last query (the last layer's, whose logits are sampled). `paged_attention_reference` is
-the slow, obvious version the tests hold both paths to.
+Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`. Each
+layer scatters the step's new K/V into their slots, then attends by one of two paths (attention/):
+the **tiles** (the whole batch in one call: every step on a GPU, large decode batches on a CPU) or
+the **gather** (SDPA request by request: a CPU's prefills and small decode batches).
+`paged_attention_reference` is the slow, obvious version the tests hold both to. See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minikv.attention.dense import masked_attention
+from minikv.attention.dense import causal_mask, masked_attention
 from minikv.attention.gather import gather_attention
 from minikv.attention.tiles import TilePlan, segments, tile_plan, tiled_attention
 from minikv.engine.audit import CrossReadEvent, OwnershipAudit
@@ -44,10 +39,8 @@ class SeqSlice:
 
 
 def block_table_tensor(block_tables: list[list[int]], device: torch.device) -> Tensor:
-    """(B, max_pages) block tables, each padded with its own first page.
-
-    The padding is never attended, but a tile that reads it then reads only its own request's data.
-    """
+    """(B, max_pages) block tables, each padded with its own first page: the padding is never attended,
+    but a tile that reads it reads only its own request's data."""
     width = max(len(t) for t in block_tables)
     return torch.tensor([t + t[:1] * (width - len(t)) for t in block_tables], dtype=torch.long, device=device)
 
@@ -59,13 +52,8 @@ def slot_mapping(block_tables: Tensor, page_size: int, seq_ids: Tensor, position
 
 
 class PagedStep:
-    """Implements AttentionBackend for one forward over a batch of requests in a PagePool.
-
-    Queries arrive flat, (N, H, D) with N = sum of num_new. Everything a layer needs is built here
-    once per step, as tensors: the block tables (B, max_pages), each new token's position and slot,
-    and either the tile plan or each request's context slots. Each layer then makes one scatter (the
-    new K/V) and either one tiled attention call for the whole batch or one SDPA call per request.
-    """
+    """Implements AttentionBackend for one forward over a batch of requests in a PagePool; queries arrive flat,
+    (N, H, D) with N = sum of num_new. What every layer needs is built here once per step, as tensors."""
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
         self.pool, self.seqs, self.audit = pool, seqs, audit
@@ -81,10 +69,8 @@ class PagedStep:
         self.slot_mapping = slot_mapping(self.block_tables, ps, seq_ids, self.positions)  # (N,) where its K/V go
         self.last_rows = torch.cumsum(self.num_new, 0) - 1  # (B,) each request's last new token among the N
         self.decode = max(s.num_new for s in seqs) == 1
-        # the tiles: every read on a GPU; on a CPU, reads of one query per request in a large batch
-        self.tiles_on_cpu = device.type == "cpu" and len(seqs) >= CPU_TILES_MIN_BATCH
         self.plans: dict[bool, TilePlan] = {}  # last_only -> the tiles of that read, built on first use
-        if device.type == "cpu" and not (self.decode and self.tiles_on_cpu) or audit is not None:
+        if self.gathers(last_only=False) or audit is not None:
             key_pos = torch.arange(int(self.ends.max()), device=device)  # (S,)
             self.key_valid = key_pos[None, :] < self.ends[:, None]  # (B, S)
             self.gather = slot_mapping(self.block_tables, ps, torch.arange(len(seqs), device=device)[:, None],
@@ -95,10 +81,8 @@ class PagedStep:
             self.writer_uids = self.uids[seq_ids]  # (N,)
 
     def store(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Scatter this step's new K/V (N, KVH, D) into their slots; on layer 0, tell the audit.
-
-        Returns the layer's K and V caches as (num_slots, KVH, D) views of the pool.
-        """
+        """Scatter this step's new K/V (N, KVH, D) into their slots (on layer 0, tell the audit); returns the
+        layer's K and V caches as (num_slots, KVH, D) views of the pool."""
         k_cache, v_cache = self.pool.flat(layer)  # (num_slots, KVH, D) views of the pool
         k_cache.index_copy_(0, self.slot_mapping, k)  # one row per new token; no slot twice
         v_cache.index_copy_(0, self.slot_mapping, v)
@@ -113,28 +97,32 @@ class PagedStep:
         k_cache, v_cache = self.store(layer, k, v)
         last_only = last_only and not self.decode  # in decode every query is a request's last
         assert q.shape[0] == (len(self.seqs) if last_only else self.slot_mapping.shape[0]), "one query per row read"
-        if self.pool.kv.device.type == "cpu" and not (self.tiles_on_cpu and (self.decode or last_only)):
+        if self.gathers(last_only):
             starts = [s.end - 1 for s in self.seqs] if last_only else [s.start for s in self.seqs]
             return gather_attention(q, k_cache, v_cache, self.context_slots, starts)
         return tiled_attention(q, self.pool.kv[layer], self.plan(last_only))  # (N or B, H, D)
+
+    def gathers(self, last_only: bool) -> bool:
+        """Whether a read takes the gather path: on a CPU, unless it reads one query per request of a large batch."""
+        one_query_each = self.decode or last_only
+        return self.pool.kv.device.type == "cpu" and not (one_query_each and len(self.seqs) >= CPU_TILES_MIN_BATCH)
 
     def plan(self, last_only: bool) -> TilePlan:
         """The step's tiles: every new query's (prefill: blocks of TILE_KEYS), or one per request."""
         if last_only not in self.plans:
             one = self.decode or last_only
-            starts, num_new = (self.ends - 1, torch.ones_like(self.num_new)) if last_only else (self.starts, self.num_new)
+            starts = self.ends - 1 if last_only else self.starts  # (B,)
+            num_new = torch.ones_like(self.num_new) if last_only else self.num_new  # (B,)
             self.plans[last_only] = tile_plan(self.block_tables, starts, num_new, self.pool.page_size,
                                               self.pool.kv.shape[-2], block_q=1 if one else TILE_KEYS,
                                               pages_per_tile=1 if one else max(1, TILE_KEYS // self.pool.page_size))
         return self.plans[last_only]
 
 
-def paged_attention_reference(pool: PagePool, layer: int, seqs: list[SeqSlice], q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The slow, obvious version: one request at a time, slot by slot, in Python.
-
-    Writes exactly as PagedStep does, then rebuilds each request's contiguous K/V by walking its
-    block table token by token and attends over it. Used only by tests.
-    """
+def paged_attention_reference(pool: PagePool, layer: int, seqs: list[SeqSlice], q: Tensor, k: Tensor,
+                              v: Tensor) -> Tensor:
+    """The slow, obvious version, for the tests only: writes as PagedStep does, then rebuilds each request's
+    contiguous K/V slot by slot through its block table, in Python, and attends over it."""
     k_cache, v_cache = pool.flat(layer)
     outs, offset = [], 0
     for s in seqs:
@@ -144,8 +132,7 @@ def paged_attention_reference(pool: PagePool, layer: int, seqs: list[SeqSlice], 
         ctx = pool.slots(s.block_table, 0, s.end)
         keys = torch.stack([k_cache[slot] for slot in ctx])[None]  # (1, S, KVH, D)
         values = torch.stack([v_cache[slot] for slot in ctx])[None]
-        q_pos = torch.arange(s.start, s.end)
-        mask = (torch.arange(s.end)[None, :] <= q_pos[:, None])[None]  # (1, T, S)
+        mask = causal_mask(1, s.end, q.device, s.start)  # (1, T, S)
         outs.append(masked_attention(q[offset : offset + s.num_new][None], keys, values, mask)[0])
         offset += s.num_new
     return torch.cat(outs)  # (N, H, D)

@@ -1,8 +1,7 @@
 """A request as a client sends it, the engine's running state for it (a Sequence), and its answer.
 
-The answer is shaped like an HTTP API's reply, because the incident's lesson is that a status
-code can lie: a 200 with a fluent answer can still be wrong, so a Response carries everything a
-monitor could look at (status, text, token usage, time to first token, per-token times, error).
+The answer is shaped like an HTTP API's reply, because a status code can lie (a 200 with a fluent
+answer can still be wrong): a Response carries everything a monitor could look at. See docs/engine.md.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import decode
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away; http.HTTPStatus has none
-DETOKENIZE_CONTEXT = 5  # tokens before the new ones decoded with them, so a tokenizer that joins pieces joins them right
+DETOKENIZE_CONTEXT = 5  # earlier tokens decoded with the new ones, so that a tokenizer joining pieces joins them right
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class SeqStatus(Enum):
 
     WAITING = "waiting"  # admitted, no pages yet (or preempted, pages given back)
     RUNNING = "running"  # holds pages; prefilled or decoding
-    FINISHED = "finished"  # ended on this node; holds no pages (decode's deferred release may hold them until writes land)
+    FINISHED = "finished"  # ended on this node; holds no pages, unless its release waits for writes in flight
 
 
 _uids = itertools.count(1)
@@ -50,13 +49,9 @@ _uids = itertools.count(1)
 class Sequence:
     """The engine's view of one admitted request: tokens, pages, progress, timings, text so far.
 
-    Three fields say something about the end, and each says one thing:
-    - `status` is where the sequence is on its node (WAITING, RUNNING, FINISHED);
-    - `finish_reason` is why it ended, set once when it does ("stop", "length", "abort", or
-      "transferred" for the prefill half of a disaggregated request); `finished()` reads it;
-    - `to_finish` is a finish *decided but not yet applied*, named as in SGLang's `Req.to_finish`.
-      It sets nothing else: until a queue gate reads it, the request looks alive to `finished()`.
-      That gap is the incident (see disagg/prefill_node.py).
+    `status` says where it is on its node, `finish_reason` why it ended (set once; `finished()` reads
+    it), `to_finish` a finish decided but not yet applied (SGLang's `Req.to_finish`): until a queue gate
+    reads it, the request looks alive. That gap is the incident (disagg/prefill_node.py).
     """
 
     request_id: str  # the engine's id
@@ -72,24 +67,18 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort", or "transferred" (a disaggregated prefill half)
     generator: torch.Generator | None = None  # per-request sampler state; None when greedy
     client_request_id: str | None = None  # echoed back in the response
     stop: tuple[str, ...] = ()
-    # The reply's text, decoded incrementally (vLLM's detokenizer): tokens[text_from:text_upto] were
-    # decoded last time, and only what follows them is new. Cut before a stop string once one is found.
-    text: str = ""
+    text: str = ""  # decoded incrementally: tokens[text_from:text_upto] were decoded last time, the rest is new
     text_from: int = 0
     text_upto: int = 0
     stopped_at_string: bool = False  # a stop string was found: `text` is final
-    # Prefix caching (prefix_cache.py): the key of each full prompt page (empty when the node has
-    # no cache), and how many prompt tokens came from the cache when the request was first admitted.
-    cache_keys: list[bytes] = field(default_factory=list)
-    cached_tokens: int = 0
-    # Disaggregated serving only (see disagg/): an abort decided at intake but not yet applied
-    # (SGLang's `to_finish`), and the transfer room that pairs prefill with decode.
-    to_finish: str | None = None
-    room: int | None = None
+    cache_keys: list[bytes] = field(default_factory=list)  # each full prompt page's key (prefix_cache.py)
+    cached_tokens: int = 0  # prompt tokens from the prefix cache at the first admission
+    to_finish: str | None = None  # disaggregated serving: an abort decided at intake, not yet applied
+    room: int | None = None  # disaggregated serving: the transfer room pairing prefill with decode
 
     def __post_init__(self) -> None:
         self.text_from = max(0, len(self.prompt_ids) - DETOKENIZE_CONTEXT)
@@ -123,9 +112,8 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     def update_text(self, tokenizer: PreTrainedTokenizerBase) -> bool:
-        """Bring `text` up to the last generated token, decoding only the new ones (a piece that
-        decodes to U+FFFD, half of a multi-byte character, waits for the next token). Returns whether
-        a stop string now ends the text, which is then cut before it and final."""
+        """Bring `text` up to the last token, decoding only new ones (a piece decoding to U+FFFD waits for
+        the next). Returns whether a stop string now ends the text, which is then cut before it and final."""
         tokens = self.tokens
         if self.stopped_at_string or self.text_upto == len(tokens):
             return self.stopped_at_string
@@ -193,9 +181,10 @@ class Finished:
 
 def to_response(seq: Sequence, status: int, error: str | None, tokenizer: PreTrainedTokenizerBase) -> Response:
     """The one way a Sequence becomes a Response: a 200 carries the text and usage; anything else
-    carries no text and no generated tokens (the client received none)."""
+    no text and no generated tokens (the client received none)."""
     if status != HTTPStatus.OK:
-        return error_response(seq.request_id, seq.tenant, status, error or "", len(seq.prompt_ids), seq.client_request_id)
+        return error_response(seq.request_id, seq.tenant, status, error or "", len(seq.prompt_ids),
+                              seq.client_request_id)
     seq.update_text(tokenizer)
     return Response(seq.request_id, seq.tenant, status, seq.text,
                     Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens), seq.first_token_s,

@@ -1,16 +1,11 @@
 """Continuous batching: who runs in the next step, where their pages come from, and what each
-step's outcome does to every request (`postprocess`: the one owner of a request's step).
+step's outcome does to every request (`postprocess`, the one owner of a request's step).
 
-Each step is a *prefill* (waiting requests' prompts, up to a token budget) or a *decode* (one
-token for every running request). A waiting request is admitted only when the pool has pages for
-its whole current length, after taking the cached pages its prompt starts with (prefix caching);
-a decoding request that needs a page and finds none preempts the most recently admitted one,
-which gives its pages back and is recomputed later. Nothing is over-committed, nothing dropped.
-The disaggregated nodes hand their batches to the same scheduler, as SGLang's scheduler mixins
-do: the prefill node its waiting queue (`schedule_prefill` with its gate), the decode node its
-running batch (`schedule_decode`, `postprocess`). nano-vllm's `Scheduler.postprocess` is the model.
+Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
+running request). A request is admitted only when the pool has pages for its whole length; one that
+needs a page to decode and finds none preempts the newest, which is recomputed later. The
+disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
-
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ class ScheduledBatch:
 
 
 def prefilling(seq: Sequence) -> bool:
-    """A running request whose prompt is not all in the pool yet (chunked prefill): more than its last token to compute."""
+    """Running, its prompt not all in the pool yet (chunked prefill): more than one token left to compute."""
     return seq.num_cached + 1 < seq.seq_len
 
 
@@ -58,17 +53,13 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def _event(self, kind: str, seq: Sequence, pages: list[int] | tuple[int, ...] = (), detail: str = "") -> None:
         self.log.add(Event(self.clock.now, self.node, kind, seq.request_id, seq.tenant, tuple(pages), detail))
 
     # -- the decision --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
-        """Prefill waiting requests if any fit, else decode every running one. With chunked prefill a
-        decode step follows every prefill step while requests decode, so a long prompt delays their
-        next token by one chunk at a time, not by its whole prefill."""
+        """Prefill waiting requests if any fit, else decode every running one. With chunked prefill a decode
+        step follows every prefill step while requests decode: a long prompt delays them a chunk at a time."""
         if self.chunked_prefill and self.last_phase == "prefill" and any(not prefilling(s) for s in self.running):
             batch = self.schedule_decode()
         else:
@@ -77,11 +68,8 @@ class Scheduler:
         return batch
 
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
-        """Admit waiting requests, oldest first, while pages and the token budget last.
-
-        `gate(seq)` (the prefill node's queue gate) says whether a request may go on; one it
-        stops, it retires itself. Admitted requests join `running` with pages for every token.
-        """
+        """Admit waiting requests, oldest first, while pages and the token budget last; they join `running`
+        with pages for every token. `gate(seq)` (the prefill node's) may stop one, which retires itself."""
         seqs, new_tokens, budget = [], [], self.max_prefill_tokens
         cache, ps = self.pool.prefix_cache, self.pool.page_size
 
@@ -132,8 +120,7 @@ class Scheduler:
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
                 victim = next((s for s in reversed(self.running) if s is not seq), None)
-                if victim is None:
-                    raise AssertionError("admission let in a request the whole pool cannot hold")
+                assert victim is not None, "admission let in a request the whole pool cannot hold"
                 self.preempt(victim)
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None
@@ -149,13 +136,8 @@ class Scheduler:
                 self.pool.prefix_cache.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached + len(tokens))
 
     def postprocess(self, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> list[Finished]:
-        """Apply one step's outcome to each sequence: the requests that ended, for their owner to release.
-
-        Args:
-            seqs: the batch, in the order the runner saw it.
-            sampled: the runner's choice for each sequence (a token, or why none could be chosen).
-            num_new: how many tokens' K/V each sequence's step put into the pool.
-        """
+        """Apply one step's outcome to each of `seqs`: `sampled`, the runner's choice (a token, or why none
+        could be chosen), once `num_new` tokens' K/V are in the pool. Returns the requests that ended."""
         now, ended = time.perf_counter(), []
         for seq, choice, n in zip(seqs, sampled, num_new, strict=True):
             if choice.error is not None:  # that request fails alone (500); the batch goes on
@@ -177,9 +159,7 @@ class Scheduler:
 
     def finish_rule(self, seq: Sequence) -> str | None:
         """The finish rule, written once: "stop" at end of text or a stop string, "length" at max_tokens."""
-        if seq.output_ids[-1] == self.tokenizer.eos_token_id:
-            return "stop"
-        if seq.stop and seq.update_text(self.tokenizer):
+        if seq.output_ids[-1] == self.tokenizer.eos_token_id or (seq.stop and seq.update_text(self.tokenizer)):
             return "stop"
         if len(seq.output_ids) >= seq.max_tokens:
             return "length"

@@ -6,15 +6,10 @@ Queues, as in SGLang's decode side:
     transfer   polled until the KV has arrived (Success) or the transfer failed.
     running    the scheduler's running batch: one token per step for every request, no prefill.
 
-Before decoding over pages it never wrote itself, the node checks what the switches ask:
-`kv_checksum` (count and Adler-32 of what arrived) and `kv_canary` (the poison left in the
-reserved pages must be gone). They see different things: the canary finds a prompt page the
-transfer never wrote, not stale slots inside a page it did write, so an over-length prompt that
-fits in the one page sent passes it; the checksum still catches that by the token count
-(tests/test_kv_checks.py). `deferred_release` holds an aborted request's pages until no write
-aimed at them is still in the network.
+Before decoding over pages it never wrote, `verify` runs the checks the switches ask for
+(`kv_checksum`, `kv_canary`: docs/disagg.md); `deferred_release` holds an aborted request's pages
+until no write aimed at them is still in the network.
 """
-
 
 from __future__ import annotations
 
@@ -40,10 +35,6 @@ class DecodeNode(Node):
         self.transfer_queue: list[Sequence] = []
         self.pending_release: list[Sequence] = []  # aborted, pages held until writes settle
         self.finished: list[Finished] = []  # how requests left, until the front door takes them
-
-    @property
-    def running(self) -> list[Sequence]:
-        return self.scheduler.running
 
     def queues(self) -> tuple[list[Sequence], ...]:
         return self.prealloc_queue, self.transfer_queue, self.scheduler.running, self.pending_release

@@ -6,7 +6,6 @@ hands the request to both nodes, as SGLang's router does; the answer comes from 
 with a prefill pool smaller than the window, the configuration the incident ran in.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -102,12 +101,11 @@ def pool_line(node: str, pool: PagePool, context_len: int) -> str:
             f"context window: {context_len} tokens")
 
 
-def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, torch.device]:
-    if config.devices is not None:
-        return pick_device(config.devices[0]), pick_device(config.devices[1])
+def pair_devices(fallback: str) -> tuple[str, str]:
+    """(prefill, decode) devices: two GPUs if there are two, else both on `fallback`."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return torch.device("cuda:0"), torch.device("cuda:1")
-    return model.device, model.device
+        return "cuda:0", "cuda:1"
+    return fallback, fallback
 
 
 def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
@@ -146,7 +144,7 @@ class Cluster(FrontDoor):
         # the cluster's one clock: nodes step by it, the fabric lands by it
         super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit), Clock(), "door")
         self.switches = switches
-        devices = pick_devices(config, model)
+        devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
         (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = (
             node_pool(role, model, config, switches, d) for role, d in zip(("prefill", "decode"), devices))

@@ -9,7 +9,6 @@ and `health()` says which worker failed and how (clients are told only that the 
 stops both (a shutdown, not a failure); a worker whose parent is gone exits on its own.
 """
 
-
 from __future__ import annotations
 
 import itertools
@@ -21,17 +20,16 @@ import sys
 import time
 from http import HTTPStatus
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import ClusterConfig, StartupRefused, startup_problem
-from minikv.disagg.dist.messages import Admit, Cancel, Ended, InFlight, Ready, Report, Stop, Tokens, WorkerFailed
-from minikv.disagg.dist.worker import ROLES, WorkerSpec, worker_main
+from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, startup_problem
+from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.prefix_cache import request_page_keys
-from minikv.engine.request import Finished, Request, Sequence, error_response
+from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
 STALL_S = 10.0  # a worker silent this long (it reports at least every HEARTBEAT_S) has stopped answering
@@ -53,13 +51,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def default_devices() -> tuple[str, str]:
-    """Two GPUs: prefill on the first, decode on the second; otherwise both workers on the CPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return "cuda:0", "cuda:1"
-    return "cpu", "cpu"
-
-
 class DistCluster(FrontDoor):
     """A disaggregated pair in two worker processes behind one front door (the client API of Cluster)."""
 
@@ -75,13 +66,12 @@ class DistCluster(FrontDoor):
         self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
-        self.in_flight: set[str] = set()  # engine ids whose KV the prefill worker has posted
         self._ended: list[Finished] = []
         self._rooms = itertools.count(1)
         ctx = multiprocessing.get_context("spawn")
         self._news = ctx.Queue()
         self._commands = {rank: ctx.Queue() for rank in ROLES}
-        spec = WorkerSpec(free_port(), model_dir, devices or default_devices(), config, switches,
+        spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
                           transfer_timeout_s, link_s_per_page, threads)
         self.workers = {rank: ctx.Process(target=worker_main, args=(rank, spec, self._commands[rank], self._news,
                                                                     os.getpid()),
@@ -134,7 +124,7 @@ class DistCluster(FrontDoor):
             seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
                                                self.switches.cache_salt)
         for commands in self._commands.values():
-            commands.put(Admit.of(seq))
+            commands.put(Admit(seq.copy_for_node()))
         return seq
 
     def _cancel(self, seq: Sequence) -> None:
@@ -143,8 +133,8 @@ class DistCluster(FrontDoor):
             commands.put(Cancel(seq.request_id))
 
     def kv_in_flight(self, request_id: str) -> bool:
-        """Whether the prefill worker has posted this request's KV and it has not been answered yet."""
-        return request_id in self.in_flight
+        """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late write)."""
+        return any(request_id in report.get("kv_in_flight", ()) for report in self.reports.values())
 
     # -- the clock -----------------------------------------------------------------------------
     def _advance(self) -> list[Finished]:
@@ -165,15 +155,11 @@ class DistCluster(FrontDoor):
             return
 
     def _handle(self, message: object) -> None:
-        self.last_heard[getattr(message, "rank", 0 if isinstance(message, InFlight) else 1)] = time.monotonic()
-        if isinstance(message, Ended):
-            if message.seq.request_id in self.seqs and not self.failure:
-                self.in_flight.discard(message.seq.request_id)
-                self._ended.append(Finished(message.seq, message.status, message.error))
+        self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()  # Tokens and Ended come from decode
+        if isinstance(message, Ended) and message.seq.request_id in self.seqs and not self.failure:
+            self._ended.append(Finished(message.seq, message.status, message.error))
         elif isinstance(message, Tokens) and message.request_id in self.seqs:
             self.seqs[message.request_id].output_ids.extend(message.ids)
-        elif isinstance(message, InFlight) and message.request_id in self.seqs:
-            self.in_flight.add(message.request_id)
         elif isinstance(message, Report):
             self.reports[message.rank] = message.report
         elif isinstance(message, WorkerFailed):
@@ -199,7 +185,6 @@ class DistCluster(FrontDoor):
         ended = {f.seq.request_id for f in self._ended}
         self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE)
                         for seq in self.seqs.values() if seq.request_id not in ended]
-        self.in_flight.clear()
         stop_workers(self.workers, self._commands, self._news)
 
     # -- what the server reports -----------------------------------------------------------------

@@ -64,7 +64,6 @@ class Transfer:
     shipment: Shipment | None = None
     unposted: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (src, dst) batches
     in_flight: int = 0  # posted batches not yet landed
-    pages_landed: int = 0
     last_progress: float = 0.0  # when a page last moved: clock ticks in-process, monotonic seconds across processes
     failure: str | None = None
     failure_status: int = HTTPStatus.INTERNAL_SERVER_ERROR

@@ -103,7 +103,6 @@ class KVManager(KVTransfer):
         self.log.add(Event(self.clock.now, "decode", "write", t.request_id, t.tenant, tuple(b.dst_pages),
                            "KV transfer landed" + (f" LATE, in pages now owned by {owners}" if late else "")))
         if not late:
-            t.pages_landed += len(b.dst_pages)
             t.last_progress = self.clock.now
             if t.unposted:
                 self._post_next(t)

@@ -251,8 +251,6 @@ class DistKVManager(KVTransfer):
                     continue
                 if self.side == "receiver":
                     self._land(t, batch)
-                if t.status is not KVPoll.Failed:
-                    t.pages_landed += len(batch.pages)
             if done and t.in_flight == 0:
                 if t.status is KVPoll.Transferring:
                     t.status = KVPoll.Success

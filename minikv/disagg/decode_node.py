@@ -55,11 +55,8 @@ class DecodeNode(Node):
         self._stage(seq, "prealloc")
 
     def gate(self, seq: Sequence) -> tuple[int, str] | None:
-        """The decode-side abort scan: None to go on, else (status, reason) to retire `seq`.
-
-        It asks finished() (a client cancel sets that); only with reject_check does it also
-        read to_finish, the abort that intake decided but never applied.
-        """
+        """The decode-side abort scan: None to go on, else (status, reason) to retire `seq`. It asks
+        finished() (a client cancel); only with reject_check does it also read to_finish."""
         if seq.finished():
             return CLIENT_CLOSED_REQUEST, "cancelled by the client"
         if self.switches.reject_check and seq.to_finish is not None:
@@ -87,8 +84,8 @@ class DecodeNode(Node):
             if not self.pool.can_allocate(need):
                 continue  # wait for pages; first come, first served is kept by the loop order
             seq.block_table = self.pool.allocate(need, seq.request_id)
-            self._event("allocate", seq, seq.block_table,
-                        f"decode reserved {need} pages for {len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
+            self._event("allocate", seq, seq.block_table, f"decode reserved {need} pages for "
+                        f"{len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:
                 self.pool.kv[:, :, seq.block_table] = CANARY  # poison: must be overwritten by the transfer
             receiver.send_metadata(seq.block_table)

@@ -1,12 +1,9 @@
 """The front door across processes: the pair's nodes in two worker processes (worker.py).
 
-`DistCluster` is a `FrontDoor` like `Engine` and `Cluster` (ids, checks, one room and audit uid per
-request); it hands each checked request to both workers over queues of typed messages
-(messages.py), and the KV moves between the workers on torch.distributed, never through here. A
-worker that dies (killed, out of memory, a bug) or stops answering (stopped, hung: no heartbeat for
-STALL_S) takes the pair down: every live and new request is answered 503, the survivor is stopped,
-and `health()` says which worker failed and how (clients are told only that the pair is down). `close()`
-stops both (a shutdown, not a failure); a worker whose parent is gone exits on its own.
+`DistCluster` is a `FrontDoor` like `Engine` and `Cluster`; it hands each checked request to both
+workers as typed messages (messages.py), and the KV moves between the workers, never through here.
+A worker that dies or stops answering (no heartbeat for STALL_S) takes the pair down: every live and
+new request is answered 503 and the survivor is stopped (docs/disagg.md).
 """
 
 from __future__ import annotations
@@ -35,8 +32,6 @@ STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
 STALL_S = 10.0  # a worker silent this long (it reports at least every HEARTBEAT_S) has stopped answering
 START_TIMEOUT_S = 180.0  # both workers load a model: slow on a busy machine
 STOP_TIMEOUT_S = 5.0
-
-
 UNAVAILABLE = "service unavailable: a worker of the prefill/decode pair is down"  # what clients are told
 
 
@@ -115,7 +110,6 @@ class DistCluster(FrontDoor):
         room = next(self._rooms)
         seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
         self._take_news(0.0)
-        self._watch_workers()
         if self.failure or self.stopping:
             reason = UNAVAILABLE if self.failure else "the server is shutting down"
             self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
@@ -138,21 +132,22 @@ class DistCluster(FrontDoor):
 
     # -- the clock -----------------------------------------------------------------------------
     def _advance(self) -> list[Finished]:
-        """Take the workers' news (waiting up to STEP_WAIT_S for the first), then check both still live."""
+        """Take the workers' news, waiting up to STEP_WAIT_S for the first."""
         self._take_news(STEP_WAIT_S)
-        self._watch_workers()
         ended, self._ended = self._ended, []
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers have sent; wait up to `wait_s` for the first."""
+        """Handle every message the workers have sent (waiting up to `wait_s` for the first), then
+        check that both still live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
                 self._handle(message)
                 message = self._news.get_nowait()
         except queue.Empty:
-            return
+            pass
+        self._watch_workers()
 
     def _handle(self, message: object) -> None:
         self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()  # Tokens and Ended come from decode
@@ -189,17 +184,15 @@ class DistCluster(FrontDoor):
 
     # -- what the server reports -----------------------------------------------------------------
     def health(self) -> dict:
-        """Pools and audit as the workers last reported them, and whether each worker lives.
-
-        It takes the news first: a worker reports its pages freed after the last answer, when the
-        server, idle, no longer steps.
-        """
+        """Pools and audit as the workers last reported them (news taken first: an idle server no
+        longer steps, and pages are freed after the last answer), and whether each worker lives."""
         self._take_news(0.0)
-        self._watch_workers()
         pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
                  for r, rep in self.reports.items()}
-        workers = {ROLES[r]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for r, p in self.workers.items()}
-        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers, "failure": self.failure}
+        workers = {ROLES[rank]: {"pid": process.pid, "alive": process.is_alive(), "exitcode": process.exitcode}
+                   for rank, process in self.workers.items()}
+        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers,
+                "failure": self.failure}
 
     @property
     def cross_tenant_reads(self) -> int:

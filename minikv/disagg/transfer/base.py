@@ -97,10 +97,8 @@ def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], 
 
 
 class KVTransfer(ABC):
-    """A transfer backend as the nodes use it: KVManager in one process, DistKVManager across two.
-
-    `sides` are the endpoints this backend holds; `audits` the ledgers a dropped room's uid leaves.
-    """
+    """A transfer backend as the nodes use it (KVManager in one process, DistKVManager across two):
+    `sides` are the endpoints it holds, `audits` the ledgers a dropped room's uid leaves."""
 
     def __init__(self, sides: tuple[str, ...], audits: tuple[OwnershipAudit | None, ...],
                  batch_cap_pages: int | None) -> None:

@@ -29,11 +29,8 @@ class PostedBatch:
 
 
 class KVManager(KVTransfer):
-    """The bootstrap server and the fabric: rooms, posted batches, and the cluster's clock they land by.
-
-    A room lives from `open_room` until both endpoints are closed and no batch of it is still
-    in the network; then it is dropped, and its request's name leaves the audit ledgers.
-    """
+    """The bootstrap server and the fabric: both pools, the rooms, the posted batches, and the
+    cluster's clock they land by."""
 
     def __init__(self, src: PagePool, dst: PagePool, src_audit: OwnershipAudit | None,
                  dst_audit: OwnershipAudit | None, log: EventLog, clock: Clock, base_latency: int = 1,

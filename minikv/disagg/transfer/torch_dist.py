@@ -50,11 +50,6 @@ def tracked(work: dist.Work) -> Future:
     return future
 
 
-def _tag(room: int, batch: int, part: int) -> int:
-    assert batch < MAX_BATCHES_PER_ROOM, f"room {room} has more than {MAX_BATCHES_PER_ROOM} batches"
-    return (room * MAX_BATCHES_PER_ROOM + batch) * TAGS_PER_BATCH + part
-
-
 class Bootstrap:
     """The rooms' keys in the shared store (`kv/<room>/<name>`): what both processes read and write."""
 
@@ -119,8 +114,10 @@ class Wire:
         return {batch.room for batch in due}
 
     def post(self, batch: WireBatch, operation: Callable[..., dist.Work]) -> None:
-        """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv)."""
-        batch.works = [tracked(operation(part, self.peer, tag=_tag(batch.room, batch.index, i)))
+        """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv), each under its own tag."""
+        assert batch.index < MAX_BATCHES_PER_ROOM, f"room {batch.room} has more than {MAX_BATCHES_PER_ROOM} batches"
+        first_tag = (batch.room * MAX_BATCHES_PER_ROOM + batch.index) * TAGS_PER_BATCH
+        batch.works = [tracked(operation(part, self.peer, tag=first_tag + i))
                        for i, part in enumerate((batch.kv, batch.ledger))]
         self.posted.setdefault(batch.room, []).append(batch)
 
@@ -137,11 +134,8 @@ class Wire:
 
 
 class DistKVManager(KVTransfer):
-    """This process's half of the transfer: its pool, its side of each room, and its wire.
-
-    `side` is "sender" (prefill: `pool` is the source) or "receiver" (decode: `pool` is the
-    destination); `peer` is the other process's rank in the default process group.
-    """
+    """This process's half of the transfer: its pool, its side of each room, and its wire. `side` is
+    "sender" (prefill: `pool` is the source) or "receiver" (decode); `peer` is the other rank."""
 
     def __init__(self, side: str, pool: PagePool, audit: OwnershipAudit | None, store: dist.Store, peer: int,
                  batch_cap_pages: int | None = None, timeout_s: float | None = None,

@@ -118,28 +118,23 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
 
 
 def take_commands(node: Node, inbox, block: bool) -> bool:
-    """Apply every queued command; False once told to stop."""
-    try:
-        command = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
-    except queue.Empty:
-        return True
+    """Apply every queued command (waiting IDLE_WAIT_S for the first if `block`); False once told to stop."""
     while True:
+        try:
+            command = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
+        except queue.Empty:
+            return True
+        block = False
         if isinstance(command, Stop):
             return False
         if isinstance(command, Admit):
             seq = command.seq
-            if isinstance(node, DecodeNode):
-                seq.cache_keys = []  # the decode pool keeps no prefix cache
             node.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
             if node.audit is not None:
                 node.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
             node.add(seq)
         elif isinstance(command, Cancel):
             node.cancel(command.request_id)
-        try:
-            command = inbox.get_nowait()
-        except queue.Empty:
-            return True
 
 
 def send_decode_news(node: DecodeNode, outbox, streamed: dict[str, int]) -> None:

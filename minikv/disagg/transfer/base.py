@@ -107,10 +107,6 @@ class KVTransfer(ABC):
         self.rooms: dict[int, Transfer] = {}  # the rooms this side still holds
 
     @abstractmethod
-    def poll(self, room: int) -> KVPoll:
-        """The room's state as this side sees it."""
-
-    @abstractmethod
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         """The receiver advertises where the KV must land."""
 
@@ -119,16 +115,27 @@ class KVTransfer(ABC):
         """Post the pages' writes; from now on they land whatever happens to the request."""
 
     @abstractmethod
-    def settled(self, room: int) -> bool:
-        """No write of this room is still in the network."""
-
-    @abstractmethod
     def land_due(self) -> None:
         """Advance the fabric: land what has arrived, fail what timed out."""
 
     @abstractmethod
     def _drop_if_done(self, room: int) -> None:
         """Drop the room (`_drop`) once every side here is closed and nothing of it is in flight."""
+
+    def poll(self, room: int) -> KVPoll:
+        """The room's state as this side sees it (after `_refresh`, which reads what the other side decided)."""
+        t = self.rooms[room]
+        self._refresh(t)
+        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
+            return KVPoll.WaitingForInput
+        return t.status
+
+    def _refresh(self, t: Transfer) -> None:
+        """Learn what the other side decided about `t`; one backend holding both sides knows already."""
+
+    def settled(self, room: int) -> bool:
+        """No write of this room is still in the network (what deferred release waits for)."""
+        return room not in self.rooms or self.rooms[room].in_flight == 0
 
     def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
         """Register a request's room (its uid is its writer id in both audit ledgers)."""

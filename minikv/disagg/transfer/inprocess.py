@@ -41,17 +41,6 @@ class KVManager(KVTransfer):
         self.base_latency, self.pages_per_tick = base_latency, pages_per_tick
         self.posted: list[PostedBatch] = []
 
-    def latency(self, num_pages: int) -> int:
-        """Ticks a batch of `num_pages` pages takes to land."""
-        return self.base_latency + -(-num_pages // self.pages_per_tick)
-
-    def poll(self, room: int) -> KVPoll:
-        """The room's state as both endpoints see it."""
-        t = self.rooms[room]
-        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
-            return KVPoll.WaitingForInput
-        return t.status
-
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         t = self.rooms[room]
         t.dst_pages, t.last_progress = list(dst_pages), self.clock.now
@@ -69,7 +58,8 @@ class KVManager(KVTransfer):
             return
         src_pages, dst_pages = t.unposted.pop(0)
         kv, ledger = read_pages(self.src, self.src_audit, src_pages)
-        batch = PostedBatch(t.room, dst_pages, kv, ledger, self.clock.now + self.latency(len(src_pages)))
+        ticks = self.base_latency + -(-len(src_pages) // self.pages_per_tick)  # its time on the wire
+        batch = PostedBatch(t.room, dst_pages, kv, ledger, self.clock.now + ticks)
         self.posted.append(batch)
         t.in_flight += 1
         self.log.add(Event(self.clock.now, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
@@ -106,7 +96,3 @@ class KVManager(KVTransfer):
             elif t.in_flight == 0:
                 t.status = KVPoll.Success
         self._drop_if_done(t.room)
-
-    def settled(self, room: int) -> bool:
-        """No write of this room is still in the network (what deferred release waits for)."""
-        return self.rooms[room].in_flight == 0

@@ -1,12 +1,9 @@
 """The KV transfer across a process boundary, on torch.distributed: the second backend (base.py).
 
-`DistKVManager` is one process's half: the prefill process holds the source pool and the sender
-side, the decode process the destination pool and the receiver side. A room's bootstrap goes through
-a TCPStore (`Bootstrap`: keys under `kv/<room>/`), its pages and their writer ledger by `isend` and
-`irecv` (gloo, which matches by tag; CUDA pages are staged through host memory). Once the sender has
-won "sent", its writes land whatever happened to the request meanwhile: the late-write race is in the
-protocol, not the simulator. The store's keys and the two knobs of ours (`timeout_s`,
-`link_s_per_page`) are described in docs/disagg.md.
+`DistKVManager` is one process's half: prefill holds the source pool and the sender side, decode the
+destination pool and the receiver side. A room's bootstrap goes through a TCPStore (`Bootstrap`), its
+pages and their writer ledger by `isend`/`irecv` (gloo, which matches by tag). Once the sender has won
+"sent", its writes land whatever happened to the request meanwhile (docs/disagg.md).
 """
 
 from __future__ import annotations
@@ -149,17 +146,13 @@ class DistKVManager(KVTransfer):
         # (room, dst pages, owners of those pages when it landed) of writes that landed after an abort
         self.landed_late: list[tuple[int, list[int], list[str]]] = []
 
-    def poll(self, room: int) -> KVPoll:
-        """The room's state as this side sees it, after reading the bootstrap store."""
-        t = self.rooms[room]
+    def _refresh(self, t: Transfer) -> None:
+        """Read the bootstrap store: an abort the other side decided, and (sender) the advertised pages."""
         if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring):
             self._read_peer_abort(t)
         if self.side == "sender" and t.status is KVPoll.Bootstrapping and t.dst_pages is None:
-            t.dst_pages = self.bootstrap.get(room, "dst")
-        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
-            return KVPoll.WaitingForInput
+            t.dst_pages = self.bootstrap.get(t.room, "dst")
         self._check_timeout(t)
-        return t.status
 
     def _check_timeout(self, t: Transfer) -> None:
         """A Transferring room whose operations made no progress for timeout_s is aborted here."""
@@ -200,11 +193,10 @@ class DistKVManager(KVTransfer):
         if not self.bootstrap.claim(room, SENT):  # the receiver aborted first: nothing is posted
             self._read_peer_abort(t)
             return
-        state = shipment.sampler_state
-        self.bootstrap.set(room, "shipment", {
-            "num_tokens": shipment.num_tokens, "first_token": shipment.first_token, "checksum": shipment.checksum,
-            "cached_tokens": shipment.cached_tokens, "sampler_state": None if state is None else state.tolist(),
-            "batches": [len(src) for src, _ in batches], "dtype": str(self.pool.kv.dtype)})
+        state = None if shipment.sampler_state is None else shipment.sampler_state.tolist()  # JSON: a list of bytes
+        sizes = [len(src) for src, _ in batches]
+        self.bootstrap.set(room, "shipment", {**vars(shipment), "sampler_state": state, "batches": sizes,
+                                              "dtype": str(self.pool.kv.dtype)})
         on_wire = []
         for i, (src, _) in enumerate(batches):
             kv, ledger = read_pages(self.pool, self.audit, src)  # a snapshot of the source
@@ -258,18 +250,17 @@ class DistKVManager(KVTransfer):
         meta = self.bootstrap.get(t.room, "shipment")
         if meta is None:
             return
+        sizes, sent_dtype, state = meta.pop("batches"), meta.pop("dtype"), meta.pop("sampler_state")
         dtype = self.pool.kv.dtype
-        assert meta["dtype"] == str(dtype), f"prefill sends {meta['dtype']}, this pool holds {dtype}"
-        state = meta["sampler_state"]
-        t.shipment = Shipment(meta["num_tokens"], meta["first_token"], meta["checksum"],
-                              None if state is None else torch.tensor(state, dtype=torch.uint8), meta["cached_tokens"])
+        assert sent_dtype == str(dtype), f"prefill sends {sent_dtype}, this pool holds {dtype}"
+        t.shipment = Shipment(**meta, sampler_state=None if state is None else torch.tensor(state, dtype=torch.uint8))
         shape, start = self.pool.kv.shape, 0  # (L, 2, P, page, KVH, D)
-        for i, n in enumerate(meta["batches"]):
+        for i, n in enumerate(sizes):
             kv = torch.empty((*shape[:2], n, *shape[3:]), dtype=dtype, device=self.wire.device)
             ledger = torch.empty((2, n * self.pool.page_size), dtype=torch.long, device=self.wire.device)
             self.wire.post(WireBatch(t.room, i, t.dst_pages[start : start + n], kv, ledger), dist.irecv)
             start += n
-        t.in_flight, t.last_progress = len(meta["batches"]), time.monotonic()
+        t.in_flight, t.last_progress = len(sizes), time.monotonic()
         if t.status is not KVPoll.Failed:
             t.status = KVPoll.Transferring
 

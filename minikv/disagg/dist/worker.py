@@ -87,32 +87,27 @@ def report(node: Node, manager: DistKVManager) -> dict:
     return {**pool.occupancy(), "pages_held": sum(1 for h in pool.holders if h),
             "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
             "kv_in_flight": sorted(t.request_id for t in manager.rooms.values() if t.in_flight),
-            "late_writes": [{"room": room, "pages": pages, "holders": holders}
-                            for room, pages, holders in manager.landed_late]}
+            "late_writes": list(manager.landed_late)}
 
 
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone."""
+    """Take commands and step the node until told to stop or the parent is gone; report after every
+    change, and at least every HEARTBEAT_S."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
-    reported = time.monotonic()
+    last, reported = report(node, manager), time.monotonic()  # what worker_main reported
     while os.getppid() == parent_pid:
         if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
             return
-        if time.monotonic() - reported > HEARTBEAT_S:
-            outbox.put(Report(rank, report(node, manager)))
-            reported = time.monotonic()
-        if not (node.live() or manager.rooms):
-            continue
-        before = report(node, manager)
-        node.step()
-        manager.land_due()
-        node.clock.advance()
-        if isinstance(node, DecodeNode):
-            send_decode_news(node, outbox, streamed)
-        after = report(node, manager)
-        if after != before:
-            outbox.put(Report(rank, after))
-            reported = time.monotonic()
+        if node.live() or manager.rooms:
+            node.step()
+            manager.land_due()
+            node.clock.advance()
+            if isinstance(node, DecodeNode):
+                send_decode_news(node, outbox, streamed)
+        now = report(node, manager)
+        if now != last or time.monotonic() - reported > HEARTBEAT_S:
+            outbox.put(Report(rank, now))
+            last, reported = now, time.monotonic()
         if not (node.scheduler.waiting or node.scheduler.running):
             time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
 

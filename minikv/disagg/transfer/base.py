@@ -118,10 +118,6 @@ class KVTransfer(ABC):
     def land_due(self) -> None:
         """Advance the fabric: land what has arrived, fail what timed out."""
 
-    @abstractmethod
-    def _drop_if_done(self, room: int) -> None:
-        """Drop the room (`_drop`) once every side here is closed and nothing of it is in flight."""
-
     def poll(self, room: int) -> KVPoll:
         """The room's state as this side sees it (after `_refresh`, which reads what the other side decided)."""
         t = self.rooms[room]
@@ -163,11 +159,14 @@ class KVTransfer(ABC):
         self.rooms[room].open_sides.discard(side)
         self._drop_if_done(room)
 
-    def _drop(self, t: Transfer) -> None:
-        """Forget the room; its request's name leaves the audit ledgers."""
-        del self.rooms[t.room]
-        for audit in self.audits:
-            audit.retire(t.uid)
+    def _drop_if_done(self, room: int) -> None:
+        """Forget the room once every side here is closed and nothing of it is in flight; its request's
+        name then leaves the audit ledgers."""
+        t = self.rooms[room]
+        if not t.open_sides and not t.in_flight:
+            del self.rooms[room]
+            for audit in self.audits:
+                audit.retire(t.uid)
 
 
 class KVEndpoint:

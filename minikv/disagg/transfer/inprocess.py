@@ -42,8 +42,7 @@ class KVManager(KVTransfer):
         self.posted: list[PostedBatch] = []
 
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
-        t = self.rooms[room]
-        t.dst_pages, t.last_progress = list(dst_pages), self.clock.now
+        self.rooms[room].dst_pages = list(dst_pages)
 
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
         t = self.rooms[room]
@@ -64,11 +63,6 @@ class KVManager(KVTransfer):
         t.in_flight += 1
         self.log.add(Event(self.clock.now, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
                            f"{len(src_pages)} page(s) posted, lands at tick {batch.due_tick}"))
-
-    def _drop_if_done(self, room: int) -> None:
-        t = self.rooms[room]
-        if not t.open_sides and not t.in_flight:
-            self._drop(t)
 
     # -- the clock --------------------------------------------------------------------------
     def land_due(self) -> None:

@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
@@ -28,23 +27,6 @@ TAGS_PER_BATCH = 2  # one tag for the pages, one for their writer ledger
 MAX_BATCHES_PER_ROOM = 1 << 12  # tags are room * MAX_BATCHES_PER_ROOM * TAGS_PER_BATCH + ...
 SENT, ABORTED = "sent", "aborted"
 ROOM_KEYS = ("dst", "state", "shipment", "abort", "closed")  # every key a room writes in the store
-
-
-def tracked(work: dist.Work) -> Future:
-    """A Future that completes with a point-to-point operation. Gloo's `Work.is_completed()` stays
-    False until someone calls `wait()`, so a thread waits on each (as RDMA engines poll their
-    completion queues)."""
-    future: Future = Future()
-
-    def wait() -> None:
-        try:
-            work.wait()
-            future.set_result(None)
-        except Exception as error:  # noqa: BLE001 - the peer is gone or the link broke: handed to the caller
-            future.set_exception(error)
-
-    threading.Thread(target=wait, daemon=True).start()
-    return future
 
 
 class Bootstrap:
@@ -82,7 +64,18 @@ class WireBatch:
     kv: Tensor
     ledger: Tensor
     post_at: float = 0.0  # the sender's slow link holds it until then
-    works: list[Future] = field(default_factory=list)  # its two isends or irecvs, once posted
+    done: threading.Event = field(default_factory=threading.Event)  # set once its operations completed
+    error: BaseException | None = None  # why they failed (the peer is gone, the link broke)
+
+    def wait(self, works: list[dist.Work]) -> None:
+        """Wait for its operations, on a thread of their own: gloo's `Work.is_completed()` stays False
+        until someone calls `wait()` (as RDMA engines poll their completion queues)."""
+        try:
+            for work in works:
+                work.wait()
+        except Exception as error:  # noqa: BLE001 - handed to the manager, which fails the room
+            self.error = error
+        self.done.set()
 
 
 class Wire:
@@ -114,17 +107,15 @@ class Wire:
         """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv), each under its own tag."""
         assert batch.index < MAX_BATCHES_PER_ROOM, f"room {batch.room} has more than {MAX_BATCHES_PER_ROOM} batches"
         first_tag = (batch.room * MAX_BATCHES_PER_ROOM + batch.index) * TAGS_PER_BATCH
-        batch.works = [tracked(operation(part, self.peer, tag=first_tag + i))
-                       for i, part in enumerate((batch.kv, batch.ledger))]
+        works = [operation(part, self.peer, tag=first_tag + i) for i, part in enumerate((batch.kv, batch.ledger))]
+        threading.Thread(target=batch.wait, args=(works,), daemon=True).start()
         self.posted.setdefault(batch.room, []).append(batch)
 
-    def completed(self, room: int) -> list[tuple[WireBatch, BaseException | None]]:
-        """The room's batches whose operations have all completed, oldest first, each with its error or None."""
+    def completed(self, room: int) -> list[WireBatch]:
+        """The room's batches whose operations have all completed, oldest first."""
         pending, done = self.posted.get(room, []), []
-        while pending and all(w.done() for w in pending[0].works):
-            batch = pending.pop(0)
-            errors = [w.exception() for w in batch.works if w.exception() is not None]
-            done.append((batch, errors[0] if errors else None))
+        while pending and pending[0].done.is_set():
+            done.append(pending.pop(0))
         if not pending:
             self.posted.pop(room, None)
         return done
@@ -143,8 +134,7 @@ class DistKVManager(KVTransfer):
         self.bootstrap = Bootstrap(store)
         gloo = dist.is_initialized() and dist.get_backend() == "gloo"
         self.wire = Wire(peer, torch.device("cpu") if gloo else pool.kv.device, link_s_per_page)  # gloo: host only
-        # (room, dst pages, owners of those pages when it landed) of writes that landed after an abort
-        self.landed_late: list[tuple[int, list[int], list[str]]] = []
+        self.landed_late: list[dict] = []  # writes that landed after an abort: room, pages, their holders then
 
     def _refresh(self, t: Transfer) -> None:
         """Read the bootstrap store: an abort the other side decided, and (sender) the advertised pages."""
@@ -214,9 +204,10 @@ class DistKVManager(KVTransfer):
         t.fail(reason, status)
 
     def _drop_if_done(self, room: int) -> None:
-        if not self.rooms[room].open_sides and self.settled(room, advance=False):
-            self._drop(self.rooms[room])
-            self.bootstrap.close(room)
+        if self.settled(room, advance=False):  # nor a write sent and not yet received here
+            super()._drop_if_done(room)
+            if room not in self.rooms:
+                self.bootstrap.close(room)
 
     def land_due(self) -> None:
         """Advance every room: the receiver posts irecvs for announced shipments, held isends go out
@@ -229,11 +220,11 @@ class DistKVManager(KVTransfer):
             self.rooms[room].last_progress = now
         for t in list(self.rooms.values()):
             done = self.wire.completed(t.room)
-            for batch, error in done:
+            for batch in done:
                 t.in_flight -= 1
                 t.last_progress = now
-                if error is not None:
-                    self.abort(t.room, f"KV transfer failed: {type(error).__name__}: {error}")
+                if batch.error is not None:
+                    self.abort(t.room, f"KV transfer failed: {type(batch.error).__name__}: {batch.error}")
                     continue
                 if self.side == "receiver":
                     self._land(t, batch)
@@ -268,5 +259,5 @@ class DistKVManager(KVTransfer):
         """The write lands in the advertised pages, whoever owns them now."""
         if t.status is KVPoll.Failed:
             holders = sorted({h for p in batch.pages for h in self.pool.holders[p]})
-            self.landed_late.append((t.room, batch.pages, holders))
+            self.landed_late.append({"room": t.room, "pages": batch.pages, "holders": holders})
         write_pages(self.pool, self.audit, batch.pages, batch.kv, batch.ledger)

@@ -6,7 +6,6 @@ hands the request to both nodes, as SGLang's router does; the answer comes from 
 with a prefill pool smaller than the window, the configuration the incident ran in.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -33,7 +32,8 @@ from minikv.engine.request import Finished, Request, Sequence
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
 
-POST_FIX_PREFILL_PAGES = 125  # about 2.04 million / 1,024 = 1,992 tokens, in whole pages of 16: 2,000
+ROLES = ("prefill", "decode")
+POST_FIX_PREFILL_PAGES = 125  # the disclosed post-fix pool: about 2.04 million / 1,024 = 1,992 tokens; 2,000 in pages
 
 
 class StartupRefused(RuntimeError):
@@ -42,11 +42,8 @@ class StartupRefused(RuntimeError):
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Sizes of the pair. The defaults are the incident scaled by 1/1024 (docs/incident.md).
-
-    The disclosed *post-fix* prefill pool, about 2.04 million tokens, scales to about 2,000
-    tokens: `ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)` (notebook 06).
-    """
+    """Sizes of the pair. The defaults are the incident scaled by 1/1024 (docs/incident.md); the
+    post-fix prefill pool is `ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)` (notebook 06)."""
 
     context_len: int = 1024  # 1,048,576 / 1,024
     page_size: int = 16
@@ -102,12 +99,11 @@ def pool_line(node: str, pool: PagePool, context_len: int) -> str:
             f"context window: {context_len} tokens")
 
 
-def pick_devices(config: ClusterConfig, model: Llama) -> tuple[torch.device, torch.device]:
-    if config.devices is not None:
-        return pick_device(config.devices[0]), pick_device(config.devices[1])
+def pair_devices(fallback: str) -> tuple[str, str]:
+    """(prefill, decode) devices: two GPUs if there are two, else both on `fallback`."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return torch.device("cuda:0"), torch.device("cuda:1")
-    return model.device, model.device
+        return "cuda:0", "cuda:1"
+    return fallback, fallback
 
 
 def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
@@ -143,22 +139,19 @@ class Cluster(FrontDoor):
                  switches: SafetySwitches = SafetySwitches()) -> None:
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
-        # the cluster's one clock: nodes step by it, the fabric lands by it
-        super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit), Clock(), "door")
+        log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
+        super().__init__(config, tokenizer, log, Clock(), "door")  # one clock: the nodes step, the fabric lands by it
         self.switches = switches
-        devices = pick_devices(config, model)
+        devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
-        (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = (
-            node_pool(role, model, config, switches, d) for role, d in zip(("prefill", "decode"), devices))
-        self.manager = KVManager(
-            self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, self.log, self.clock,
-            config.transfer_base_latency, config.transfer_pages_per_tick, config.transfer_timeout_ticks,
-            transfer_cap(config, switches),
-        )
+        pools = [node_pool(role, model, config, switches, d) for role, d in zip(ROLES, devices)]
+        (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = pools
+        self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, log,
+                                 self.clock, config.transfer_base_latency, config.transfer_pages_per_tick,
+                                 config.transfer_timeout_ticks, transfer_cap(config, switches))
         self.prefill, self.decode = (
-            build_node(role, m, tokenizer, config, switches, self.log, self.clock, self.manager, pool, audit)
-            for role, m, pool, audit in (("prefill", models[0], self.prefill_pool, self.prefill_audit),
-                                         ("decode", models[1], self.decode_pool, self.decode_audit)))
+            build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
+            for role, m, (pool, audit) in zip(ROLES, models, pools))
         self._rooms = itertools.count(1)
 
     @property
@@ -167,8 +160,8 @@ class Cluster(FrontDoor):
         return self.clock.now
 
     def startup_log(self) -> list[str]:
-        return [pool_line(node, pool, self.config.context_len)
-                for node, pool in (("prefill", self.prefill_pool), ("decode", self.decode_pool))]
+        pools = (self.prefill_pool, self.decode_pool)
+        return [pool_line(role, pool, self.config.context_len) for role, pool in zip(ROLES, pools)]
 
     def health(self) -> dict:
         return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
@@ -222,10 +215,8 @@ class Cluster(FrontDoor):
 
     @property
     def cross_tenant_cache_hits(self) -> int:
-        """Cached prefixes one tenant read that another tenant's request wrote (same tokens sent).
-
-        Every hit happens on prefill, the only node with a prefix cache; decode's reads of the
-        transferred copy are the same (reader, writer) pairs, so prefill's ledger holds the count."""
+        """Cached prefixes one tenant read that another tenant's request wrote (same tokens sent), all on
+        prefill, the only node with a prefix cache (decode's reads of the copy are the same pairs)."""
         return self.prefill_audit.cross_tenant_cache_hits if self.prefill_audit is not None else 0
 
     def leaked_pages(self) -> int:

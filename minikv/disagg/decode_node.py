@@ -6,15 +6,10 @@ Queues, as in SGLang's decode side:
     transfer   polled until the KV has arrived (Success) or the transfer failed.
     running    the scheduler's running batch: one token per step for every request, no prefill.
 
-Before decoding over pages it never wrote itself, the node checks what the switches ask:
-`kv_checksum` (count and Adler-32 of what arrived) and `kv_canary` (the poison left in the
-reserved pages must be gone). They see different things: the canary finds a prompt page the
-transfer never wrote, not stale slots inside a page it did write, so an over-length prompt that
-fits in the one page sent passes it; the checksum still catches that by the token count
-(tests/test_kv_checks.py). `deferred_release` holds an aborted request's pages until no write
-aimed at them is still in the network.
+Before decoding over pages it never wrote, `verify` runs the checks the switches ask for
+(`kv_checksum`, `kv_canary`: docs/disagg.md); `deferred_release` holds an aborted request's pages
+until no write aimed at them is still in the network.
 """
-
 
 from __future__ import annotations
 
@@ -41,10 +36,6 @@ class DecodeNode(Node):
         self.pending_release: list[Sequence] = []  # aborted, pages held until writes settle
         self.finished: list[Finished] = []  # how requests left, until the front door takes them
 
-    @property
-    def running(self) -> list[Sequence]:
-        return self.scheduler.running
-
     def queues(self) -> tuple[list[Sequence], ...]:
         return self.prealloc_queue, self.transfer_queue, self.scheduler.running, self.pending_release
 
@@ -64,11 +55,8 @@ class DecodeNode(Node):
         self._stage(seq, "prealloc")
 
     def gate(self, seq: Sequence) -> tuple[int, str] | None:
-        """The decode-side abort scan: None to go on, else (status, reason) to retire `seq`.
-
-        It asks finished() (a client cancel sets that); only with reject_check does it also
-        read to_finish, the abort that intake decided but never applied.
-        """
+        """The decode-side abort scan: None to go on, else (status, reason) to retire `seq`. It asks
+        finished() (a client cancel); only with reject_check does it also read to_finish."""
         if seq.finished():
             return CLIENT_CLOSED_REQUEST, "cancelled by the client"
         if self.switches.reject_check and seq.to_finish is not None:
@@ -96,8 +84,8 @@ class DecodeNode(Node):
             if not self.pool.can_allocate(need):
                 continue  # wait for pages; first come, first served is kept by the loop order
             seq.block_table = self.pool.allocate(need, seq.request_id)
-            self._event("allocate", seq, seq.block_table,
-                        f"decode reserved {need} pages for {len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
+            self._event("allocate", seq, seq.block_table, f"decode reserved {need} pages for "
+                        f"{len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:
                 self.pool.kv[:, :, seq.block_table] = CANARY  # poison: must be overwritten by the transfer
             receiver.send_metadata(seq.block_table)

@@ -1,14 +1,9 @@
-"""What the prefill and decode nodes share.
-
-Each node owns its pool and audit, a `Scheduler` for its waiting or running batch, a
-`ModelRunner`, and its end of the KV transfer (any backend of transfer/base.py).
-cluster.build_node makes either one, the same way for `Cluster` (both in this process) and for
-a worker process of `DistCluster`.
+"""What the prefill and decode nodes share: each owns its pool and audit, a `Scheduler` for its
+waiting or running batch, a `ModelRunner`, and its end of the KV transfer (transfer/base.py).
+cluster.build_node makes either one, for `Cluster` and for a worker process of `DistCluster` alike.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from transformers import PreTrainedTokenizerBase
 
@@ -31,7 +26,8 @@ class Node:
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
                  log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches,
                  max_prefill_tokens: int) -> None:
-        self.pool, self.audit, self.log, self.clock, self.manager, self.switches = pool, audit, log, clock, manager, switches
+        self.pool, self.audit, self.log, self.clock = pool, audit, log, clock
+        self.manager, self.switches = manager, switches
         self.scheduler = Scheduler(pool, log, self.name, clock, tokenizer, max_prefill_tokens)
         self.runner = ModelRunner(model, pool, audit, log, self.name)
         self.endpoints: dict[int, KVEndpoint] = {}  # room -> this node's end of the transfer
@@ -40,20 +36,17 @@ class Node:
         """Every queue that holds this node's live requests."""
         raise NotImplementedError
 
-    def live_ids(self) -> Iterator[str]:
-        """Ids of the requests this node still holds."""
-        return (seq.request_id for q in self.queues() for seq in q)
-
     def live(self) -> int:
         return sum(len(q) for q in self.queues())
 
     def check_integrity(self) -> None:
         """Pool bookkeeping is consistent and every page owner is a request this node still holds."""
         self.pool.check_integrity()
-        live = set(self.live_ids())
-        for p in range(self.pool.num_pages):
-            owner = self.pool.owner_of(p)
-            assert owner is None or owner in live, f"{self.name} page {p} owned by {owner}, which this node does not hold"
+        live = {seq.request_id for queue in self.queues() for seq in queue}
+        for page in range(self.pool.num_pages):
+            owner = self.pool.owner_of(page)
+            held = owner is None or owner in live
+            assert held, f"{self.name} page {page} owned by {owner}, which this node does not hold"
 
     def cancel(self, request_id: str) -> bool:
         """Mark the request finished (abort); the node's gates retire it at their next scan."""

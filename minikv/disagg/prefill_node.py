@@ -13,7 +13,6 @@ skip the long prefill, **but it still joins the queue**. With `reject_check` off
 single page of KV is transferred as if it were the whole prompt.
 """
 
-
 from __future__ import annotations
 
 from http import HTTPStatus
@@ -47,10 +46,6 @@ class PrefillNode(Node):
         self.inflight_queue: list[Sequence] = []
 
     @property
-    def waiting_queue(self):
-        return self.scheduler.waiting
-
-    @property
     def max_input_len(self) -> int:
         return min(self.context_len - 1, self.pool.capacity_tokens - 1)
 
@@ -70,7 +65,8 @@ class PrefillNode(Node):
     def add(self, seq: Sequence) -> None:
         self.check_intake(seq)
         if seq.to_finish:
-            self._event("reject", seq, (), f"marked for abort (400): {seq.to_finish}; input swapped for a 1-token placeholder")
+            self._event("reject", seq, (),
+                        f"marked for abort (400): {seq.to_finish}; input swapped for a 1-token placeholder")
         self.endpoints[seq.room] = KVSender(self.manager, seq.room)
         self.bootstrap_queue.append(seq)
         self._stage(seq, "bootstrap")
@@ -126,10 +122,11 @@ class PrefillNode(Node):
                 self._release(seq, "released")
                 continue
             seq.num_cached = len(seq.prompt_ids)  # the forward wrote the K/V of the whole (possibly swapped) input
-            checksum = kv_checksum(self.pool, seq.block_table, len(seq.prompt_ids)) if self.switches.kv_checksum else None
+            n = len(seq.prompt_ids)
+            checksum = kv_checksum(self.pool, seq.block_table, n) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None
-            self.endpoints[seq.room].send(seq.block_table, Shipment(len(seq.prompt_ids), first.token, checksum,
-                                                                    sampler_state, seq.cached_tokens))
+            self.endpoints[seq.room].send(seq.block_table, Shipment(n, first.token, checksum, sampler_state,
+                                                                    seq.cached_tokens))
             self.inflight_queue.append(seq)
             self._stage(seq, "inflight")
 
@@ -139,4 +136,5 @@ class PrefillNode(Node):
             if state in (KVPoll.Success, KVPoll.Failed):
                 self.inflight_queue.remove(seq)
                 seq.finish_reason = seq.finish_reason or ("transferred" if state is KVPoll.Success else "abort")
-                self._release(seq, "prefill done; KV handed to decode" if seq.finish_reason == "transferred" else "released")
+                done = seq.finish_reason == "transferred"
+                self._release(seq, "prefill done; KV handed to decode" if done else "released")

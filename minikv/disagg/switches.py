@@ -1,17 +1,5 @@
 """The mitigations, as switches. Each one changes a real code path; none is a special case.
-
-| switch              | where it acts                               | closes                      |
-| ------------------- | ------------------------------------------- | --------------------------- |
-| reject_check        | queue gates on both roles ask "rejected?"   | over-length (the root bug)  |
-| startup_check       | the cluster refuses to start if any pool    | over-length (the config)    |
-|                     | is smaller than the context window          |                             |
-| kv_checksum         | receiver verifies count and Adler-32 of KV  | over-length (detects)       |
-| kv_canary           | reserved pages poisoned, checked before use | over-length (detects)       |
-| deferred_release    | aborted pages wait for in-flight writes     | late-write                  |
-| transfer_batch_cap  | large transfers split so none times out     | late-write                  |
-| cache_salt          | prefix-cache keys salted with the tenant    | prefix-probe (cache hits)   |
-| cache_partition     | a tenant's cached pages evicted only by it  | eviction-probe (LRU order)  |
-| scrub_on_free       | freed pages are zeroed                      | hides the symptom only      |
+Where each acts and what it closes: docs/disagg.md.
 """
 
 from __future__ import annotations
@@ -23,15 +11,15 @@ from dataclasses import dataclass, fields, replace
 class SafetySwitches:
     """Which mitigations are on. The default is the safe preset."""
 
-    reject_check: bool = True
-    startup_check: bool = True
-    kv_checksum: bool = True
-    kv_canary: bool = True
-    deferred_release: bool = True
-    transfer_batch_cap: bool = True
+    reject_check: bool = True  # the queue gates of both nodes also retire what intake marked for abort
+    startup_check: bool = True  # the cluster refuses to start with a pool smaller than the context window
+    kv_checksum: bool = True  # decode verifies the token count and Adler-32 of the KV that arrived
+    kv_canary: bool = True  # decode poisons reserved pages; the poison must be gone before use
+    deferred_release: bool = True  # an aborted request's pages wait until no write to them is in flight
+    transfer_batch_cap: bool = True  # large transfers go in capped batches, so that none times out
     cache_salt: bool = True  # each tenant's prefix-cache pages are its own: no cross-tenant hits
     cache_partition: bool = True  # each tenant's parked pages evicted only by its own requests: no eviction channel
-    scrub_on_free: bool = False  # costly, and it hides the bug rather than fixing it
+    scrub_on_free: bool = False  # freed pages are zeroed: costly, and it hides the bug rather than fixing it
 
     @classmethod
     def names(cls) -> list[str]:

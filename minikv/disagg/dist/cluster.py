@@ -1,14 +1,10 @@
 """The front door across processes: the pair's nodes in two worker processes (worker.py).
 
-`DistCluster` is a `FrontDoor` like `Engine` and `Cluster` (ids, checks, one room and audit uid per
-request); it hands each checked request to both workers over queues of typed messages
-(messages.py), and the KV moves between the workers on torch.distributed, never through here. A
-worker that dies (killed, out of memory, a bug) or stops answering (stopped, hung: no heartbeat for
-STALL_S) takes the pair down: every live and new request is answered 503, the survivor is stopped,
-and `health()` says which worker failed and how (clients are told only that the pair is down). `close()`
-stops both (a shutdown, not a failure); a worker whose parent is gone exits on its own.
+`DistCluster` is a `FrontDoor` like `Engine` and `Cluster`; it hands each checked request to both
+workers as typed messages (messages.py), and the KV moves between the workers, never through here.
+A worker that dies or stops answering (no heartbeat for STALL_S) takes the pair down: every live and
+new request is answered 503 and the survivor is stopped (docs/disagg.md).
 """
-
 
 from __future__ import annotations
 
@@ -21,24 +17,21 @@ import sys
 import time
 from http import HTTPStatus
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import ClusterConfig, StartupRefused, startup_problem
-from minikv.disagg.dist.messages import Admit, Cancel, Ended, InFlight, Ready, Report, Stop, Tokens, WorkerFailed
-from minikv.disagg.dist.worker import ROLES, WorkerSpec, worker_main
+from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, startup_problem
+from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.prefix_cache import request_page_keys
-from minikv.engine.request import Finished, Request, Sequence, error_response
+from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
 STALL_S = 10.0  # a worker silent this long (it reports at least every HEARTBEAT_S) has stopped answering
 START_TIMEOUT_S = 180.0  # both workers load a model: slow on a busy machine
 STOP_TIMEOUT_S = 5.0
-
-
 UNAVAILABLE = "service unavailable: a worker of the prefill/decode pair is down"  # what clients are told
 
 
@@ -51,13 +44,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def default_devices() -> tuple[str, str]:
-    """Two GPUs: prefill on the first, decode on the second; otherwise both workers on the CPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-        return "cuda:0", "cuda:1"
-    return "cpu", "cpu"
 
 
 class DistCluster(FrontDoor):
@@ -75,13 +61,12 @@ class DistCluster(FrontDoor):
         self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
-        self.in_flight: set[str] = set()  # engine ids whose KV the prefill worker has posted
         self._ended: list[Finished] = []
         self._rooms = itertools.count(1)
         ctx = multiprocessing.get_context("spawn")
         self._news = ctx.Queue()
         self._commands = {rank: ctx.Queue() for rank in ROLES}
-        spec = WorkerSpec(free_port(), model_dir, devices or default_devices(), config, switches,
+        spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
                           transfer_timeout_s, link_s_per_page, threads)
         self.workers = {rank: ctx.Process(target=worker_main, args=(rank, spec, self._commands[rank], self._news,
                                                                     os.getpid()),
@@ -125,7 +110,6 @@ class DistCluster(FrontDoor):
         room = next(self._rooms)
         seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
         self._take_news(0.0)
-        self._watch_workers()
         if self.failure or self.stopping:
             reason = UNAVAILABLE if self.failure else "the server is shutting down"
             self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
@@ -134,7 +118,7 @@ class DistCluster(FrontDoor):
             seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
                                                self.switches.cache_salt)
         for commands in self._commands.values():
-            commands.put(Admit.of(seq))
+            commands.put(Admit(seq.copy_for_node()))
         return seq
 
     def _cancel(self, seq: Sequence) -> None:
@@ -143,37 +127,34 @@ class DistCluster(FrontDoor):
             commands.put(Cancel(seq.request_id))
 
     def kv_in_flight(self, request_id: str) -> bool:
-        """Whether the prefill worker has posted this request's KV and it has not been answered yet."""
-        return request_id in self.in_flight
+        """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late write)."""
+        return any(request_id in report.get("kv_in_flight", ()) for report in self.reports.values())
 
     # -- the clock -----------------------------------------------------------------------------
     def _advance(self) -> list[Finished]:
-        """Take the workers' news (waiting up to STEP_WAIT_S for the first), then check both still live."""
+        """Take the workers' news, waiting up to STEP_WAIT_S for the first."""
         self._take_news(STEP_WAIT_S)
-        self._watch_workers()
         ended, self._ended = self._ended, []
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers have sent; wait up to `wait_s` for the first."""
+        """Handle every message the workers have sent (waiting up to `wait_s` for the first), then
+        check that both still live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
                 self._handle(message)
                 message = self._news.get_nowait()
         except queue.Empty:
-            return
+            pass
+        self._watch_workers()
 
     def _handle(self, message: object) -> None:
-        self.last_heard[getattr(message, "rank", 0 if isinstance(message, InFlight) else 1)] = time.monotonic()
-        if isinstance(message, Ended):
-            if message.seq.request_id in self.seqs and not self.failure:
-                self.in_flight.discard(message.seq.request_id)
-                self._ended.append(Finished(message.seq, message.status, message.error))
+        self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()  # Tokens and Ended come from decode
+        if isinstance(message, Ended) and message.seq.request_id in self.seqs and not self.failure:
+            self._ended.append(Finished(message.seq, message.status, message.error))
         elif isinstance(message, Tokens) and message.request_id in self.seqs:
             self.seqs[message.request_id].output_ids.extend(message.ids)
-        elif isinstance(message, InFlight) and message.request_id in self.seqs:
-            self.in_flight.add(message.request_id)
         elif isinstance(message, Report):
             self.reports[message.rank] = message.report
         elif isinstance(message, WorkerFailed):
@@ -199,22 +180,19 @@ class DistCluster(FrontDoor):
         ended = {f.seq.request_id for f in self._ended}
         self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE)
                         for seq in self.seqs.values() if seq.request_id not in ended]
-        self.in_flight.clear()
         stop_workers(self.workers, self._commands, self._news)
 
     # -- what the server reports -----------------------------------------------------------------
     def health(self) -> dict:
-        """Pools and audit as the workers last reported them, and whether each worker lives.
-
-        It takes the news first: a worker reports its pages freed after the last answer, when the
-        server, idle, no longer steps.
-        """
+        """Pools and audit as the workers last reported them (news taken first: an idle server no
+        longer steps, and pages are freed after the last answer), and whether each worker lives."""
         self._take_news(0.0)
-        self._watch_workers()
         pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
                  for r, rep in self.reports.items()}
-        workers = {ROLES[r]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode} for r, p in self.workers.items()}
-        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers, "failure": self.failure}
+        workers = {ROLES[rank]: {"pid": process.pid, "alive": process.is_alive(), "exitcode": process.exitcode}
+                   for rank, process in self.workers.items()}
+        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers,
+                "failure": self.failure}
 
     @property
     def cross_tenant_reads(self) -> int:

@@ -4,41 +4,21 @@ The KV itself never travels here: the pages go worker to worker on torch.distrib
 (transfer/torch_dist.py). Here only the control plane, one typed message per kind:
 
     front door -> worker   Admit, Cancel, Stop
-    worker -> front door   Ready, InFlight (prefill), Tokens (decode), Ended (decode), Report, WorkerFailed
+    worker -> front door   Ready, Tokens (decode), Ended (decode), Report, WorkerFailed
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from minikv.engine.request import Request, Sequence
-from minikv.model.sampling import SamplingParams
+from minikv.engine.request import Sequence
 
 
 @dataclass(frozen=True)
 class Admit:
-    """A request the front door checked, as both workers receive it; each builds its own Sequence."""
+    """A request the front door checked: the worker's own copy of its Sequence (room and uid included)."""
 
-    request_id: str
-    tenant: str
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    arrival_s: float  # time.perf_counter() in the front door (a system-wide monotonic clock on Linux)
-    room: int  # also the request's uid in both audit ledgers
-    client_request_id: str | None
-    stop: tuple[str, ...] = ()
-    cache_keys: list[bytes] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, seq: Sequence) -> Admit:
-        return cls(seq.request_id, seq.tenant, seq.prompt_ids, seq.max_tokens, seq.sampling, seq.arrival_s, seq.room,
-                   seq.client_request_id, seq.stop, seq.cache_keys)
-
-    def sequence(self) -> Sequence:
-        request = Request("", self.tenant, self.max_tokens, self.sampling, self.client_request_id, stop=self.stop)
-        return Sequence.of(request, self.request_id, self.prompt_ids, self.arrival_s, uid=self.room, room=self.room,
-                           cache_keys=list(self.cache_keys))
+    seq: Sequence
 
 
 @dataclass(frozen=True)
@@ -58,12 +38,6 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class InFlight:
-    """Prefill: the request's KV is posted (a cancel now races a late write)."""
-    request_id: str
-
-
-@dataclass(frozen=True)
 class Tokens:
     """Decode: the tokens generated since the last message (what the server streams)."""
     request_id: str
@@ -72,7 +46,7 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Ended:
-    """Decode: how a request left (its Sequence travels without its sampler, which does not pickle)."""
+    """Decode: how a request left."""
     seq: Sequence
     status: int
     error: str | None

@@ -1,12 +1,10 @@
 """One worker process of the distributed pair: a node, stepped whenever it has work, driven by messages.
 
 Rank 0 is the prefill worker, rank 1 the decode worker. Each loads its own model copy on its own
-device, joins the process group (gloo: see `WorkerSpec.backend`) through the bootstrap `TCPStore`,
-builds its node with `cluster.node_pool` and `build_node` over a `DistKVManager`, as `Cluster` does
-in one process, then takes messages and steps the node. It exits when told to, when its parent is
-gone, or on an error it reports first.
+device, joins the process group through the bootstrap `TCPStore`, builds its node with `node_pool`
+and `build_node` over a `DistKVManager`, as `Cluster` does in one process, then takes messages and
+steps the node. It exits when told to, when its parent is gone, or on an error it reports first.
 """
-
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import torch.distributed as dist
 
 from minikv.disagg.cluster import ClusterConfig, build_node, node_pool, pool_line, transfer_cap
 from minikv.disagg.decode_node import DecodeNode
-from minikv.disagg.dist.messages import Admit, Cancel, Ended, InFlight, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
 from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer.torch_dist import DistKVManager
@@ -35,6 +33,7 @@ ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
 IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
 HEARTBEAT_S = 1.0  # a worker reports at least this often, busy or idle: the front door's sign of life
 WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
+BACKEND = "gloo"  # on GPUs too (pages staged through host memory): NCCL ignores tags (docs/disagg.md)
 
 
 @dataclass(frozen=True)
@@ -50,17 +49,6 @@ class WorkerSpec:
     link_s_per_page: float
     threads: int = 1
 
-    @property
-    def backend(self) -> str:
-        """gloo, on CPUs and GPUs alike (CUDA pages are staged through host memory).
-
-        Not NCCL yet: NCCL's point-to-point operations ignore tags and match in posting order, so
-        if the two workers posted two rooms' transfers in different orders, one room's pages would
-        land in the other's: another tenant's KV. Gloo matches by tag. NCCL needs both sides to
-        post rooms in one agreed order first (nothing enforces that yet).
-        """
-        return "gloo"
-
 
 def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
     """The worker process's entry point (multiprocessing spawns it)."""
@@ -70,7 +58,7 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
         timeout = timedelta(seconds=120)
         store = dist.TCPStore("127.0.0.1", spec.port, 2, is_master=rank == PREFILL_RANK, timeout=timeout)
-        dist.init_process_group(spec.backend, store=store, rank=rank, world_size=2, timeout=timeout)
+        dist.init_process_group(BACKEND, store=store, rank=rank, world_size=2, timeout=timeout)
         role = ROLES[rank]
         pool, audit = node_pool(role, model, spec.config, spec.switches, model.device)
         manager = DistKVManager("sender" if rank == PREFILL_RANK else "receiver", pool, audit, store, peer=1 - rank,
@@ -79,7 +67,7 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         node = build_node(role, model, tokenizer, spec.config, spec.switches, EventLog(enabled=False), Clock(),
                           manager, pool, audit)
         line = (f"{pool_line(role, pool, spec.config.context_len)}; worker pid {os.getpid()} on {model.device}, "
-                f"{spec.backend} rank {rank}")
+                f"{BACKEND} rank {rank}")
         outbox.put(Ready(rank, line))
         outbox.put(Report(rank, report(node, manager)))
         serve(rank, node, manager, inbox, outbox, parent_pid)
@@ -94,79 +82,63 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
 
 
 def report(node: Node, manager: DistKVManager) -> dict:
-    """What this side reports: pool occupancy and what its audit saw."""
+    """What this side reports: pool occupancy, what its audit saw, the requests whose KV is on the wire."""
     pool, audit = node.pool, node.audit
     return {**pool.occupancy(), "pages_held": sum(1 for h in pool.holders if h),
             "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
-            "late_writes": [{"room": r, "pages": pages, "holders": holders} for r, pages, holders in manager.landed_late]}
+            "kv_in_flight": sorted(t.request_id for t in manager.rooms.values() if t.in_flight),
+            "late_writes": list(manager.landed_late)}
 
 
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone."""
+    """Take commands and step the node until told to stop or the parent is gone; report after every
+    change, and at least every HEARTBEAT_S."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
-    posted: set[str] = set()  # prefill: requests whose KV is on the wire, already said
-    reported = time.monotonic()
+    last, reported = report(node, manager), time.monotonic()  # what worker_main reported
     while os.getppid() == parent_pid:
         if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
             return
-        if time.monotonic() - reported > HEARTBEAT_S:
-            outbox.put(Report(rank, report(node, manager)))
-            reported = time.monotonic()
-        if not (node.live() or manager.rooms):
-            continue
-        before = report(node, manager)
-        node.step()
-        manager.land_due()
-        node.clock.advance()
-        if isinstance(node, DecodeNode):
-            send_decode_news(node, outbox, streamed)
-        else:
-            for seq in node.inflight_queue:
-                if seq.request_id not in posted:
-                    posted.add(seq.request_id)
-                    outbox.put(InFlight(seq.request_id))
-            posted &= {seq.request_id for seq in node.inflight_queue}
-        after = report(node, manager)
-        if after != before:
-            outbox.put(Report(rank, after))
-            reported = time.monotonic()
-        if not (node.running if isinstance(node, DecodeNode) else node.waiting_queue):
+        if node.live() or manager.rooms:
+            node.step()
+            manager.land_due()
+            node.clock.advance()
+            if isinstance(node, DecodeNode):
+                send_decode_news(node, outbox, streamed)
+        now = report(node, manager)
+        if now != last or time.monotonic() - reported > HEARTBEAT_S:
+            outbox.put(Report(rank, now))
+            last, reported = now, time.monotonic()
+        if not (node.scheduler.waiting or node.scheduler.running):
             time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
 
 
 def take_commands(node: Node, inbox, block: bool) -> bool:
-    """Apply every queued command; False once told to stop."""
-    try:
-        command = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
-    except queue.Empty:
-        return True
+    """Apply every queued command (waiting IDLE_WAIT_S for the first if `block`); False once told to stop."""
     while True:
+        try:
+            command = inbox.get(timeout=IDLE_WAIT_S) if block else inbox.get_nowait()
+        except queue.Empty:
+            return True
+        block = False
         if isinstance(command, Stop):
             return False
         if isinstance(command, Admit):
-            seq = command.sequence()
-            if isinstance(node, DecodeNode):
-                seq.cache_keys = []  # the decode pool keeps no prefix cache
+            seq = command.seq
             node.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
             if node.audit is not None:
                 node.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
             node.add(seq)
         elif isinstance(command, Cancel):
             node.cancel(command.request_id)
-        try:
-            command = inbox.get_nowait()
-        except queue.Empty:
-            return True
 
 
 def send_decode_news(node: DecodeNode, outbox, streamed: dict[str, int]) -> None:
     """Stream new tokens of running requests, then hand over how finished ones left."""
-    for seq in node.running:
+    for seq in node.scheduler.running:
         sent = streamed.get(seq.request_id, 0)
         if len(seq.output_ids) > sent:
             streamed[seq.request_id] = len(seq.output_ids)
             outbox.put(Tokens(seq.request_id, seq.output_ids[sent:]))
     for ended in node.take_finished():
         streamed.pop(ended.seq.request_id, None)
-        ended.seq.generator = None  # a torch.Generator does not pickle; the request is over
         outbox.put(Ended(ended.seq, int(ended.status), ended.error))

@@ -1,36 +1,30 @@
-"""One KV-transfer protocol, two backends: what both implement, and the endpoints nodes hold.
+"""One KV-transfer protocol, two backends (docs/disagg.md): the room's record, what both backends
+share, and the endpoints the nodes hold. A room (one per request) pairs a `KVSender` on the prefill
+node with a `KVReceiver` on the decode node, through SGLang's poll states:
 
-A transfer belongs to a *bootstrap room* (one per request) shared by a `KVSender` on the prefill
-node and a `KVReceiver` on the decode node. The protocol, with SGLang's poll states:
-
-    receiver.init()                 Bootstrapping   (both sides register the room)
+    open_room(...)                  Bootstrapping   (the request's room is registered)
     receiver.send_metadata(pages)   WaitingForInput (decode advertises where the KV must go)
     sender.init(num_pages)          the sender sizes the transfer from *its own* input length
     sender.send(src_pages, ...)     Transferring    (page writes posted to the fabric)
-    ... the backend's land_due() lands them ...
     poll()                          Success, or Failed (aborted, timed out)
 
-`KVTransfer` is the interface; two backends implement it and the same protocol tests run
-against both (tests/test_transfer_protocol.py):
-- inprocess.py (`KVManager`): one object holds both pools and lands posted batches on the
-  cluster's clock, a set number of ticks later: deterministic, drawable, the late write on cue;
-- torch_dist.py (`DistKVManager`): each process holds its half, the pages really travel between
-  two processes by torch.distributed, and the bootstrap goes through a TCPStore.
-
-Page writes are posted in batches. A posted batch is a DMA already in the network: it lands
-*whatever happens to the request meanwhile*. Aborting only stops batches not yet posted. That
-is how a late write can land in pages that the decode node already gave to someone else, and
-why `settled(room)` (no write of it still in the network) is what deferred release waits for.
+A posted batch is a DMA already in the network: it lands *whatever happens to the request
+meanwhile*; an abort stops only batches not yet posted. So a late write can land in pages decode
+already gave to someone else, and deferred release waits for `settled(room)`.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import IntEnum
 from http import HTTPStatus
-from typing import Protocol
 
 import torch
+from torch import Tensor
+
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.page_pool import PagePool
 
 
 class KVPoll(IntEnum):
@@ -56,60 +50,123 @@ class Shipment:
 
 @dataclass
 class Transfer:
-    """One room's record. Only KVManager writes it; each endpoint supplies its part through a call.
-
-    The receiver supplies `dst_pages` (send_metadata), the sender `num_pages` (init) and
-    `shipment` (send); everything else is the fabric's own state.
-    """
+    """One room's record, written by its backend: the receiver supplies `dst_pages`
+    (send_metadata), the sender `num_pages` (init) and `shipment` (send)."""
 
     room: int
     request_id: str
     tenant: str
     uid: int  # the request's writer id in both audit ledgers
+    open_sides: set[str]  # the endpoints of this room not closed yet (on this side of the network)
     status: KVPoll = KVPoll.Bootstrapping
     dst_pages: list[int] | None = None  # advertised by the receiver
     num_pages: int | None = None  # sized by the sender
     shipment: Shipment | None = None
     unposted: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (src, dst) batches
     in_flight: int = 0  # posted batches not yet landed
-    pages_landed: int = 0
-    last_progress_tick: int = 0
+    last_progress: float = 0.0  # when a page last moved: clock ticks in-process, monotonic seconds across processes
     failure: str | None = None
     failure_status: int = HTTPStatus.INTERNAL_SERVER_ERROR
-    open_sides: set[str] = field(default_factory=lambda: {"sender", "receiver"})
+
+    def fail(self, reason: str, status: int) -> None:
+        """Mark the room Failed, unless it already ended: nothing more of it is posted."""
+        if self.status not in (KVPoll.Success, KVPoll.Failed):
+            self.unposted, self.status, self.failure, self.failure_status = [], KVPoll.Failed, reason, int(status)
 
 
-class KVTransfer(Protocol):
-    """What a transfer backend offers the nodes (KVManager in one process, DistKVManager across two)."""
+def page_slots(pool: PagePool, pages: list[int]) -> Tensor:
+    """Every slot of `pages`, page by page: (n * page,)."""
+    return torch.tensor(pool.slots(pages, 0, len(pages) * pool.page_size), device=pool.kv.device, dtype=torch.long)
 
-    rooms: dict[int, Transfer]  # the rooms this side still holds
 
-    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
-        """Register a request's room (its uid is its writer id in both audit ledgers)."""
+def read_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int]) -> tuple[Tensor, Tensor]:
+    """A snapshot of `pages`: their K/V (L, 2, n, page, KVH, D) and writer ledger (2, n * page), the
+    writer uid and position of every slot (-1 without an audit)."""
+    slots = page_slots(pool, pages)
+    ledger = (torch.stack([audit.writers[slots], audit.positions[slots]]) if audit is not None
+              else torch.full((2, slots.numel()), -1, dtype=torch.long))
+    return pool.kv[:, :, pages], ledger  # indexing with a list copies
 
-    def poll(self, room: int) -> KVPoll:
-        """The room's state as this side sees it."""
 
+def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], kv: Tensor, ledger: Tensor) -> None:
+    """A write lands in `pages`, whoever owns them now, and the audit records who wrote each slot."""
+    pool.kv[:, :, pages] = kv.to(pool.kv.device)
+    if audit is not None:
+        ledger = ledger.to(pool.kv.device)
+        audit.record_writes(page_slots(pool, pages), ledger[0], ledger[1])
+
+
+class KVTransfer(ABC):
+    """A transfer backend as the nodes use it (KVManager in one process, DistKVManager across two):
+    `sides` are the endpoints it holds, `audits` the ledgers a dropped room's uid leaves."""
+
+    def __init__(self, sides: tuple[str, ...], audits: tuple[OwnershipAudit | None, ...],
+                 batch_cap_pages: int | None) -> None:
+        self.sides, self.batch_cap_pages = sides, batch_cap_pages
+        self.audits = [a for a in audits if a is not None]
+        self.rooms: dict[int, Transfer] = {}  # the rooms this side still holds
+
+    @abstractmethod
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         """The receiver advertises where the KV must land."""
 
-    def init_sender(self, room: int, num_pages: int) -> None:
-        """The sender sizes the transfer: pages of its *own* input."""
-
+    @abstractmethod
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
         """Post the pages' writes; from now on they land whatever happens to the request."""
 
+    @abstractmethod
+    def land_due(self) -> None:
+        """Advance the fabric: land what has arrived, fail what timed out."""
+
+    def poll(self, room: int) -> KVPoll:
+        """The room's state as this side sees it (after `_refresh`, which reads what the other side decided)."""
+        t = self.rooms[room]
+        self._refresh(t)
+        if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
+            return KVPoll.WaitingForInput
+        return t.status
+
+    def _refresh(self, t: Transfer) -> None:
+        """Learn what the other side decided about `t`; one backend holding both sides knows already."""
+
+    def settled(self, room: int) -> bool:
+        """No write of this room is still in the network (what deferred release waits for)."""
+        return room not in self.rooms or self.rooms[room].in_flight == 0
+
+    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
+        """Register a request's room (its uid is its writer id in both audit ledgers)."""
+        assert room not in self.rooms, f"room {room} opened twice"
+        self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
+        return self.rooms[room]
+
+    def init_sender(self, room: int, num_pages: int) -> None:
+        """The sender sizes the transfer: pages of its *own* input."""
+        self.rooms[room].num_pages = num_pages
+
+    def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:
+        """A send's (source, destination) page batches: the sender's `num_pages`, cut at batch_cap_pages."""
+        assert t.dst_pages is not None and t.num_pages is not None, "send() before the receiver's metadata"
+        n = min(len(src_pages), t.num_pages, len(t.dst_pages))
+        src, dst, cap = src_pages[:n], t.dst_pages[:n], self.batch_cap_pages or max(1, n)
+        return [(src[i : i + cap], dst[i : i + cap]) for i in range(0, n, cap)]
+
     def abort(self, room: int, reason: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR) -> None:
         """Stop the transfer: nothing more is posted; what was posted still lands."""
+        self.rooms[room].fail(reason, status)
 
     def close(self, room: int, side: str) -> None:
         """One side is done with the room; it is dropped once nothing of it is in flight."""
+        self.rooms[room].open_sides.discard(side)
+        self._drop_if_done(room)
 
-    def settled(self, room: int) -> bool:
-        """No write of this room is still in the network."""
-
-    def land_due(self) -> None:
-        """Advance the fabric: land what has arrived, fail what timed out."""
+    def _drop_if_done(self, room: int) -> None:
+        """Forget the room once every side here is closed and nothing of it is in flight; its request's
+        name then leaves the audit ledgers."""
+        t = self.rooms[room]
+        if not t.open_sides and not t.in_flight:
+            del self.rooms[room]
+            for audit in self.audits:
+                audit.retire(t.uid)
 
 
 class KVEndpoint:
@@ -129,7 +186,7 @@ class KVEndpoint:
         """The room's record, read-only for endpoints."""
         return self.manager.rooms[self.room]
 
-    def abort(self, reason: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR) -> None:
+    def abort(self, reason: str, status: int) -> None:
         self.manager.abort(self.room, reason, status)
 
     def close(self) -> None:
@@ -149,9 +206,6 @@ class KVSender(KVEndpoint):
 
     def send(self, kv_pages: list[int], shipment: Shipment) -> None:
         self.manager.send(self.room, kv_pages, shipment)
-
-    def abort(self, reason: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
-        self.manager.abort(self.room, reason, status)
 
 
 class KVReceiver(KVEndpoint):

@@ -10,11 +10,12 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 
 from minikv.probe.options import CHECKS, DEFAULT_CHECKS, ProbeOptions
 
 
-def add_probe_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+def add_probe_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
     add = parser.add_argument
     add("url", metavar="URL", help="the endpoint, e.g. http://127.0.0.1:8000 (or .../v1)")
     add("--key", action="append", default=[], metavar="KEY", help="an API key you own; give exactly two (A, then B)")

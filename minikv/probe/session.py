@@ -57,6 +57,8 @@ class TokenScale:
 
 @dataclass
 class ProbeSession:
+    """What every check is given: the client, both keys, the window, the token scale, the seeded random source."""
+
     client: ProbeClient
     key_a: str
     key_b: str

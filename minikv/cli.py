@@ -1,27 +1,20 @@
-"""`python -m minikv <command>`: terminal demos and checks.
-
-    info        what a serving engineer reads in a startup log
-    generate    run prompts through the paged engine (greedy by default)
-    demo        replay the over-length or late-write incident, or the prefix-cache probe,
-                under chosen safety switches
-    train       train the tiny model into --out DIR (the shipped one only with --overwrite-shipped)
-    bench       minikv against transformers on the same workload
-    scan-logs   the customer checklist over a gateway log
-    make-logs   write a synthetic gateway log
-    serve       an OpenAI-compatible HTTP server over the engine or the cluster
-    probe       a black-box isolation check of any OpenAI-compatible endpoint
-
-Bad input ends with a one-line message naming the problem (exit 2), never a traceback.
-"""
+"""`python -m minikv <command>` (`--help` lists them): the engine's demos here; serve, probe, peer, bench --serve
+and the log tools wired from their own packages. Bad input ends with one line naming the problem (exit 2), never
+a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from minikv.logs import gateway_log, scan
+from minikv.probe.command import add_probe_arguments, run_probe
+from minikv.serve.command import add_serve_arguments, run_serve
 
 
 class CliError(Exception):
@@ -53,50 +46,42 @@ def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
     return path
 
 
-def check_threads(threads: int) -> None:
-    """At most one torch thread per CPU core: far more crashes OpenMP (100,000 segfaults)."""
-    import os
-
-    cores = os.cpu_count() or 1
-    if threads > cores:
-        raise CliError(f"--threads {threads}: this machine has {cores} CPU core(s); give 1 to {cores}")
-
-
 def load(model_dir: str | None, device: str | None):
-    from minikv.model.checkpoint import CheckpointError, load_model
-    from minikv.model.devices import DeviceError
+    """(model, tokenizer), torch imported only now; a bad checkpoint or device is a ValueError naming it."""
+    from minikv.model.checkpoint import load_model
 
-    try:
-        return load_model(model_dir, device=device)
-    except (CheckpointError, DeviceError) as e:
-        raise CliError(str(e)) from None
+    return load_model(model_dir, device=device)
 
 
-def cmd_info(args: argparse.Namespace) -> int:
+def load_engine(args: argparse.Namespace):
+    """The model and one paged engine over it, as `info` and `generate` configure them."""
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
 
+    model, tok = load(args.model, args.device)
+    config = EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len)
+    return model, Engine(model, tok, config)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
     from minikv.model.checkpoint import describe_model_dir
 
-    model, tok = load(args.model, args.device)
+    model, engine = load_engine(args)
     mc = model.config
-    engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
     print(f"model: {describe_model_dir(args.model)}")
     print(f"device: {model.device} ({model.dtype})")
     print(f"parameters: {model.num_parameters():,}")
-    print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, vocab: {mc.vocab_size}")
-    print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x {mc.num_kv_heads} kv heads x {mc.head_dim} dims x 4 bytes")
+    print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, "
+          f"vocab: {mc.vocab_size}")
+    print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x {mc.num_kv_heads} "
+          f"kv heads x {mc.head_dim} dims x 4 bytes")
     print(f"max_position_embeddings: {mc.max_position_embeddings}")
     print("\n".join(engine.startup_log()))
     return 0
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from minikv.engine.config import EngineConfig
-    from minikv.engine.engine import Engine
-
-    model, tok = load(args.model, args.device)
-    engine = Engine(model, tok, EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len))
+    _, engine = load_engine(args)
     prompts = [p.replace("\\n", "\n") for p in args.prompt]
     responses = engine.generate(prompts, max_tokens=args.max_tokens)
     if args.json:
@@ -110,28 +95,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0 if all(r.status == 200 for r in responses) else 1
 
 
-def demo_preset(args: argparse.Namespace) -> str:
-    """The preset `demo` starts from: the one named; else "vulnerable" when --enable is given
-    (turning a switch on means "the vulnerable engine plus this"); else "safe"."""
-    if args.preset is not None:
-        return args.preset
-    return "vulnerable" if args.enable else "safe"
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from minikv.attacks.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
 
-    try:
-        switches = SafetySwitches.preset(demo_preset(args)).with_switches(args.enable, args.disable)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    preset = args.preset or ("vulnerable" if args.enable else "safe")  # --enable alone: the vulnerable engine plus it
+    switches = SafetySwitches.preset(preset).with_switches(args.enable, args.disable)  # a ValueError names the switch
     model, tok = load(args.model, args.device)
-    try:
-        result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed,
-                              oracle=args.oracle, alphabet=args.alphabet)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed,
+                          oracle=args.oracle, alphabet=args.alphabet)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
@@ -160,16 +132,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
     from minikv.training.train import TrainConfig, train
 
     out = check_out_dir(args.out, args.overwrite_shipped)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    cfg = TrainConfig(seed=args.seed)
-    if args.quick:
-        cfg = TrainConfig(seed=args.seed, induction_steps=10, copy_steps=10, leak_steps=10, polish_steps=10)
-    train(cfg, out, resume_from=Path(args.resume) if args.resume else None)
+    steps = dict(induction_steps=10, copy_steps=10, leak_steps=10, polish_steps=10) if args.quick else {}
+    train(TrainConfig(seed=args.seed, **steps), out, resume_from=Path(args.resume) if args.resume else None)
     return 0
 
 
@@ -177,7 +144,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import run_command
     from minikv.bench.plot import plot_path_problem
 
-    check_threads(args.threads)
+    cores = os.cpu_count() or 1
+    if args.threads > cores:  # more torch threads than cores crashes OpenMP (100,000 segfaults)
+        raise CliError(f"--threads {args.threads}: this machine has {cores} CPU core(s); give 1 to {cores}")
     problem = plot_path_problem(args.plot) if args.plot else None
     if problem:  # before the benchmark runs, not after
         raise CliError(f"--plot {args.plot}: {problem}")
@@ -185,45 +154,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_command(model, tok, args)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from minikv.serve.command import run_serve
-
-    return run_serve(args, load)
-
-
-def cmd_probe(args: argparse.Namespace) -> int:
-    from minikv.probe.command import run_probe
-
-    return run_probe(args)
+def command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help)
+    parser.set_defaults(func=func)
+    return parser
 
 
-def engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+def model_args(p: argparse.ArgumentParser, hidden: bool = False) -> None:
+    """--model and --device, as every command that loads the model takes them (demo hides --model)."""
+    p.add_argument("--model", help=argparse.SUPPRESS if hidden else "local Llama checkpoint directory "
+                   "(default: data/tiny-llama)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-    p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
-    p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
-    p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
 
 
 def add_engine_commands(sub) -> None:
     """info, generate, demo, train, bench: the commands that load the model in this process."""
-    p = sub.add_parser("info", help="model, device, parameters, KV bytes per token, pool and context")
-    engine_args(p)
-    p.set_defaults(func=cmd_info)
+    info = command(sub, "info", cmd_info, "model, device, parameters, KV bytes per token, pool and context")
+    generate = command(sub, "generate", cmd_generate, "generate from prompts on the paged engine")
+    for p in (info, generate):
+        model_args(p)
+        p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
+        p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
+        p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
+    generate.add_argument("--prompt", action="append", required=True,
+                          help="a prompt; repeat for a batch ('\\n' ends a line)")
+    generate.add_argument("--max-tokens", type=positive_int, default=64)
+    generate.add_argument("--json", action="store_true", help="print a JSON list of responses")
 
-    p = sub.add_parser("generate", help="generate from prompts on the paged engine")
-    p.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch ('\\n' ends a line)")
-    p.add_argument("--max-tokens", type=positive_int, default=64)
-    p.add_argument("--json", action="store_true", help="print a JSON list of responses")
-    engine_args(p)
-    p.set_defaults(func=cmd_generate)
-
-    p = sub.add_parser("demo", help="replay an incident, or the prefix-cache probe, on a disaggregated pair")
+    p = command(sub, "demo", cmd_demo, "replay an incident, or the prefix-cache probe, on a disaggregated pair")
     p.add_argument("--scenario", required=True, choices=["over-length", "late-write", "prefix-probe"])
     p.add_argument("--preset", choices=["vulnerable", "safe"],
                    help="where the switches start (default: vulnerable with --enable alone, else safe)")
-    p.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
-    p.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
+    p.add_argument("--enable", action="append", default=[], metavar="SWITCH",
+                   help="turn a safety switch on (repeatable)")
+    p.add_argument("--disable", action="append", default=[], metavar="SWITCH",
+                   help="turn a safety switch off (repeatable)")
     p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")
     p.add_argument("--oracle", choices=["cached", "timing"], default="cached",
                    help="prefix-probe: the attacker reads usage.cached_tokens, or times to first token only")
@@ -231,19 +196,16 @@ def add_engine_commands(sub) -> None:
                    help="prefix-probe: what the attacker assumes the secret is made of (digits: a PIN)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
-    p.set_defaults(func=cmd_demo)
+    model_args(p, hidden=True)
 
-    p = sub.add_parser("train", help="train the tiny model into --out DIR")
+    p = command(sub, "train", cmd_train, "train the tiny model into --out DIR")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (required)")
     p.add_argument("--overwrite-shipped", action="store_true", help="allow --out to be the shipped data/tiny-llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few steps only, to check the pipeline")
     p.add_argument("--resume", metavar="DIR", help="skip phases 0-2: polish this checkpoint (phase 3)")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("bench", help="minikv against transformers on the same workload")
+    p = command(sub, "bench", cmd_bench, "minikv against transformers on the same workload")
     p.add_argument("--quick", action="store_true", help="time the checked run only: under a minute on 2 CPU cores")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="write a figure (.png, .svg) for the README and notebooks")
@@ -251,47 +213,37 @@ def add_engine_commands(sub) -> None:
     p.add_argument("--repeats", type=positive_int, help="timed runs per system after the checked one (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
-    p.add_argument("--device", help="cpu, cuda ... (default: cuda if present)")
-    p.set_defaults(func=cmd_bench)
+    model_args(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; `bench --serve` and `peer` (whose modules load torch) only for those commands
+    or when none is named, so that `scan-logs` and `probe` start without torch."""
     parser = argparse.ArgumentParser(prog="python -m minikv", description="a small paged-KV inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     add_engine_commands(sub)
-    p = sub.add_parser("scan-logs", help="the customer checklist over a gateway log")
-    scan.add_scan_logs_arguments(p)
-    p.set_defaults(func=scan.run_scan_logs)
-    p = sub.add_parser("make-logs", help="write a synthetic gateway log")
-    gateway_log.add_make_logs_arguments(p)
-    p.set_defaults(func=gateway_log.run_make_logs)
+    scan.add_scan_logs_arguments(command(sub, "scan-logs", scan.run_scan_logs,
+                                         "the customer checklist over a gateway log"))
+    gateway_log.add_make_logs_arguments(command(sub, "make-logs", gateway_log.run_make_logs,
+                                                "write a synthetic gateway log"))
+    add_serve_arguments(command(sub, "serve", partial(run_serve, load=load),
+                                "an OpenAI-compatible HTTP server over the engine or the cluster"), positive_int)
+    add_probe_arguments(command(sub, "probe", run_probe, "black-box isolation checks of an OpenAI-compatible endpoint"),
+                        positive_int)
+    if command_name in (None, "bench", "peer"):
+        from minikv.bench.serving import add_serving_arguments
+        from minikv.serve.peer import add_peer_parser
 
-    from minikv.probe.command import add_probe_arguments
-    from minikv.serve.command import add_serve_arguments
-
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine or the cluster")
-    add_serve_arguments(p, positive_int)
-    p.set_defaults(func=cmd_serve)
-    p = sub.add_parser("probe", help="black-box isolation checks of an OpenAI-compatible endpoint")
-    add_probe_arguments(p, positive_int)
-    p.set_defaults(func=cmd_probe)
-    from minikv.bench.serving import add_serving_arguments
-    from minikv.serve.peer import add_peer_parser
-
-    add_serving_arguments(sub.choices["bench"])  # bench --serve: minikv serve (and vLLM) over HTTP
-    add_peer_parser(sub)  # peer setup|serve vllm: the real engine in a venv of its own
+        add_serving_arguments(sub.choices["bench"])  # bench --serve: minikv serve (and vLLM) over HTTP
+        add_peer_parser(sub)  # peer setup|serve vllm: the real engine in a venv of its own
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
         return args.func(args)
-    except CliError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # invalid configuration: the message names the numbers
+    except (CliError, ValueError) as e:  # a ValueError: an invalid configuration, whose message names the numbers
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from minikv.probe.canary import holds_canary
-from minikv.probe.prompts import TokenScale, random_words
+from minikv.probe.session import TokenScale, random_words
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, exit_status
 from minikv.serve.launch import ServerProcess, free_port
 

@@ -1,10 +1,8 @@
-"""The probe's HTTP client: streaming completions, timed, within a request budget and a deadline.
+"""The probe's HTTP client: streamed completions, timed, within a request budget and a deadline.
 
-Time to first token is measured the way a customer's gateway measures it: from sending the
-request to the first server-sent event that carries text. Nothing the endpoint sends can hold the
-probe past its deadline or fill its memory: every wait is bounded by the time left, a watchdog
-shuts the socket at the deadline (an SSE keep-alive every few seconds cannot keep a read alive),
-and a reply is read up to `MAX_BODY_BYTES` (replies.py reads what came and checks its fields).
+Time to first token is measured as a gateway measures it: from sending to the first event with text.
+Nothing the endpoint sends holds the probe past its deadline (every wait is bounded by the time left,
+and a watchdog shuts the socket then) or fills its memory (a reply is read up to `MAX_BODY_BYTES`).
 """
 
 from __future__ import annotations
@@ -20,16 +18,18 @@ from http import HTTPStatus
 
 import httpx
 
-from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_observation, first_bytes, lines,
-                                  read_stream)
+from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_body, error_observation, first_bytes,
+                                  lines, read_stream)
+from minikv.probe.report import Incomplete
 
 REQUEST_TIMEOUT_S = 60.0  # the longest wait for any one read, inside the time limit
 MAX_BODY_BYTES = 8 << 20  # no API reply the probe asks for comes near this
-HTTP_FAILURES = {httpx.ConnectError: "nothing answers there", httpx.ReadError: "the connection broke during the reply",
-                 httpx.WriteError: "the connection broke while sending", httpx.RemoteProtocolError: "the reply is not HTTP, or was cut short"}
+HTTP_FAILURES = {httpx.ReadError: "the connection broke during the reply",
+                 httpx.WriteError: "the connection broke while sending",
+                 httpx.RemoteProtocolError: "the reply is not HTTP, or was cut short"}
 
 
-class OutOfBudget(Exception):
+class OutOfBudget(Incomplete):
     """The request budget or the time limit is spent."""
 
 
@@ -50,6 +50,11 @@ def key_salt(key: str) -> str:
     return hashlib.sha256(b"minikv probe cache_salt\0" + key.encode()).hexdigest()[:32]
 
 
+def mask(key: str) -> str:
+    """A key as the report shows it: enough to tell two apart, not enough to use."""
+    return key[:3] + "..." + key[-2:] if len(key) > 8 else "***"
+
+
 class ProbeClient:
     """Sends at most `budget` requests and none after `time_limit_s`; threads may share it."""
 
@@ -67,6 +72,63 @@ class ProbeClient:
     def close(self) -> None:
         self.http.close()
 
+    def models(self, key: str) -> list[dict]:
+        """GET /v1/models with `key`: the model objects; CannotProbe if unreachable, refused or malformed."""
+        with self._request("GET", "models", key) as (r, chunks):
+            if r.status_code != HTTPStatus.OK:
+                raise CannotProbe(f"answered {r.status_code} for key {mask(key)}")
+            try:
+                body = json.loads(b"".join(chunks))
+            except ValueError:
+                raise CannotProbe(f"answered 200 with a body that is not JSON "
+                                  f"(content-type {r.headers.get('content-type')!r})") from None
+            data = body.get("data") if isinstance(body, dict) else None
+            if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+                raise CannotProbe("did not return a list of model objects ({\"data\": [{\"id\": ...}]})")
+            return data
+
+    def complete(self, key: str, prompt: str, max_tokens: int, control: StreamControl | None = None) -> Observation:
+        """POST /v1/completions, streamed, greedy: the reply, its usage and its timings."""
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        if self.salt_per_key:
+            body["cache_salt"] = key_salt(key)
+        start = time.perf_counter()
+        with self._request("POST", "completions", key, body) as (r, chunks):
+            if r.status_code != HTTPStatus.OK:
+                return error_observation(r.status_code, error_body(first_bytes(chunks)), time.perf_counter() - start)
+            return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
+
+    @contextmanager
+    def _request(self, method: str, path: str, key: str, body: dict | None = None):
+        """(response, its body's chunks), one request of the budget; what goes wrong is CannotProbe or OutOfBudget.
+
+        A watchdog shuts the socket at the deadline, so that a blocked read returns then."""
+        url = f"{self.base}/{path}"
+        timeout = self._spend()
+        try:
+            with self.http.stream(method, url, json=body, headers={"Authorization": f"Bearer {key}"},
+                                  timeout=timeout) as r:
+                stream = r.extensions.get("network_stream")
+                sock = stream.get_extra_info("socket") if stream is not None else None
+                timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), _shut, (sock,))
+                timer.daemon = True
+                if isinstance(sock, socket.socket):  # else a test transport: the checks between chunks suffice
+                    timer.start()
+                try:
+                    yield r, self._chunks(r)
+                finally:
+                    timer.cancel()
+        except httpx.HTTPError as e:
+            if time.monotonic() >= self.deadline:
+                raise self._late() from None
+            if isinstance(e, httpx.ConnectError):
+                raise CannotProbe(f"cannot reach {self.base}: nothing answers there") from None
+            raise CannotProbe(f"{method} {url} failed: {HTTP_FAILURES.get(type(e), 'no reply')} "
+                              f"({type(e).__name__})") from None
+        except CannotProbe as e:
+            raise CannotProbe(f"{method} {url}: {e}") from None
+
     def _spend(self) -> httpx.Timeout:
         """Count one request; the timeout it may use (never past the deadline)."""
         with self._lock:
@@ -80,72 +142,6 @@ class ProbeClient:
 
     def _late(self) -> OutOfBudget:
         return OutOfBudget(f"the time limit of {self.time_limit_s:g} s is reached")
-
-    def _failed(self, what: str, e: httpx.HTTPError) -> Exception:
-        if time.monotonic() >= self.deadline:
-            return self._late()
-        return CannotProbe(f"{what} failed: {HTTP_FAILURES.get(type(e), 'no reply')} ({type(e).__name__})")
-
-    def models(self, key: str) -> list[dict]:
-        """GET /v1/models with `key`: the model objects; CannotProbe if unreachable, refused or malformed."""
-        url = f"{self.base}/models"
-        timeout = self._spend()
-        try:
-            with self._stream("GET", url, key, timeout) as r:
-                content = b"".join(self._chunks(r)) if r.status_code == HTTPStatus.OK else b""
-        except CannotProbe as e:
-            raise CannotProbe(f"GET {url}: {e}") from None
-        except httpx.ConnectError:
-            raise CannotProbe(f"cannot reach {self.base}: nothing answers there") from None
-        except httpx.HTTPError as e:
-            raise self._failed(f"GET {url}", e) from None
-        if r.status_code != HTTPStatus.OK:
-            raise CannotProbe(f"GET {url} answered {r.status_code} for key {mask(key)}")
-        try:
-            body = json.loads(content)
-        except ValueError:
-            raise CannotProbe(f"GET {url} answered 200 with a body that is not JSON "
-                              f"(content-type {r.headers.get('content-type')!r})") from None
-        data = body.get("data") if isinstance(body, dict) else None
-        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
-            raise CannotProbe(f"GET {url} did not return a list of model objects ({{\"data\": [{{\"id\": ...}}]}})")
-        return data
-
-    def complete(self, key: str, prompt: str, max_tokens: int, control: StreamControl | None = None) -> Observation:
-        """POST /v1/completions, streamed, greedy: the reply, its usage and its timings (`control`: see StreamControl)."""
-        url = f"{self.base}/completions"
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}}
-        if self.salt_per_key:
-            body["cache_salt"] = key_salt(key)
-        timeout = self._spend()
-        start = time.perf_counter()
-        try:
-            with self._stream("POST", url, key, timeout, body) as r:
-                chunks = self._chunks(r)
-                if r.status_code != HTTPStatus.OK:
-                    return error_observation(r.status_code, first_bytes(chunks), time.perf_counter() - start)
-                return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
-        except httpx.HTTPError as e:
-            raise self._failed(f"POST {url}", e) from None
-        except CannotProbe as e:
-            raise CannotProbe(f"POST {url}: {e}") from None
-
-    @contextmanager
-    def _stream(self, method: str, url: str, key: str, timeout: httpx.Timeout, body: dict | None = None):
-        """The response, its headers read; a watchdog shuts its socket at the deadline, so that a
-        blocked read of the body returns then (the timeout only bounds each wait on its own)."""
-        with self.http.stream(method, url, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as r:
-            stream = r.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), _shut, (sock,))
-            timer.daemon = True
-            if isinstance(sock, socket.socket):  # else a test transport: the checks between chunks suffice
-                timer.start()
-            try:
-                yield r
-            finally:
-                timer.cancel()
 
     def _chunks(self, r: httpx.Response) -> Iterator[bytes]:
         """The body's bytes, up to MAX_BODY_BYTES; OutOfBudget once the deadline has passed."""
@@ -166,8 +162,3 @@ def _shut(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's method, also under TLS
     except OSError:
         pass
-
-
-def mask(key: str) -> str:
-    """A key as the report shows it: enough to tell two apart, not enough to use."""
-    return key[:3] + "..." + key[-2:] if len(key) > 8 else "***"

@@ -1,9 +1,7 @@
-"""`python -m minikv probe URL --key KEY_A --key KEY_B [--model M] [--context N] [--check NAME] [--json]`.
+"""`python -m minikv probe URL --key KEY_A --key KEY_B [...]`: the command line (docs/serve.md, "The probe").
 
-Runs the chosen checks in order and prints, for each, what it sent, what came back and a verdict.
-Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a
-check could not finish inside the budget). It never sends more than `--budget` requests or
-runs past `--time-limit` seconds.
+Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a check
+could not finish). It never sends more than `--budget` requests or runs past `--time-limit` seconds.
 """
 
 from __future__ import annotations
@@ -12,26 +10,29 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 
 from minikv.probe.options import CHECKS, DEFAULT_CHECKS, ProbeOptions
 
-DEFAULTS = ProbeOptions()
 
-
-def add_probe_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
-    parser.add_argument("url", metavar="URL", help="the endpoint, e.g. http://127.0.0.1:8000 (or .../v1)")
-    parser.add_argument("--key", action="append", default=[], metavar="KEY", help="an API key you own; give exactly two (A, then B)")
-    parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
-    parser.add_argument("--context", type=positive_int, help="the advertised context window in tokens (default: max_model_len from /v1/models)")
-    parser.add_argument("--check", action="append", choices=CHECKS, metavar="NAME",
-                        help=f"a check to run (repeatable; one of {', '.join(CHECKS)}; default: {', '.join(DEFAULT_CHECKS)})")
-    parser.add_argument("--salt-per-key", action="store_true",
-                        help="send each key's requests with a cache_salt of its own (a hash of the key), as a gateway that salts per tenant does")
-    parser.add_argument("--budget", type=positive_int, default=DEFAULTS.budget, help="most requests to send (default %(default)s)")
-    parser.add_argument("--time-limit", type=float, default=DEFAULTS.time_limit_s, metavar="SECONDS", help="stop after this long (default %(default)s)")
-    parser.add_argument("--rounds", type=positive_int, default=DEFAULTS.rounds, help="rounds of the prefix-cache audit, 4 requests each (default %(default)s)")
-    parser.add_argument("--seed", type=int, help="seed for the random prompts and canaries (default: fresh each run)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+def add_probe_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
+    add = parser.add_argument
+    add("url", metavar="URL", help="the endpoint, e.g. http://127.0.0.1:8000 (or .../v1)")
+    add("--key", action="append", default=[], metavar="KEY", help="an API key you own; give exactly two (A, then B)")
+    add("--model", help="model id (default: the first one /v1/models lists)")
+    add("--context", type=positive_int,
+        help="the advertised context window in tokens (default: max_model_len from /v1/models)")
+    add("--check", action="append", choices=CHECKS, metavar="NAME",
+        help=f"a check to run (repeatable; one of {', '.join(CHECKS)}; default: {', '.join(DEFAULT_CHECKS)})")
+    add("--salt-per-key", action="store_true", help="send each key's requests with a cache_salt of its own "
+        "(a hash of the key), as a gateway that salts per tenant does")
+    add("--budget", type=positive_int, default=ProbeOptions.budget, help="most requests to send (default %(default)s)")
+    add("--time-limit", type=float, default=ProbeOptions.time_limit_s, metavar="SECONDS",
+        help="stop after this long (default %(default)s)")
+    add("--rounds", type=positive_int, default=ProbeOptions.rounds,
+        help="rounds of the prefix-cache audit, 4 requests each (default %(default)s)")
+    add("--seed", type=int, help="seed for the random prompts and canaries (default: fresh each run)")
+    add("--json", action="store_true", help="print one JSON object instead of the text report")
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -45,11 +46,10 @@ def run_probe(args: argparse.Namespace) -> int:
     from minikv.probe.run import CannotProbe, probe_endpoint  # scipy and httpx: only when the probe runs
 
     show = None if args.json else (lambda r: print(r.format(), flush=True))
-    checks = tuple(name for name in CHECKS if name in (args.check or DEFAULT_CHECKS))
     try:
         report = probe_endpoint(args.url, *args.key, on_result=show, model=args.model, context=args.context,
                                 budget=args.budget, time_limit_s=args.time_limit, rounds=args.rounds, seed=args.seed,
-                                salt_per_key=args.salt_per_key, checks=checks)
+                                salt_per_key=args.salt_per_key, checks=tuple(args.check or DEFAULT_CHECKS))
     except CannotProbe as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,27 +1,17 @@
 """Shared eviction order: does key B's own cache tell it what key A sent? (prime and probe)
 
-A salt per tenant keeps the cache *keys* apart, but if the cached pages nobody holds sit in one
-least-recently-used list, tenants still evict each other, as processes do in a shared CPU cache
-(prime and probe, Osvik, Shamir and Tromer 2006). Key B primes: it fills the pool with its own
-prompts. Key A sends a prompt, then either the same prompt again (a hit: it needs almost no new
-pages) or a different one (a miss: as many new pages again). Key B probes: it re-sends its oldest
-prompt and reads its own `usage.prompt_tokens_details.cached_tokens`. Engines evict a prompt's
-last pages first, so B's reading falls by what A's requests took: it is higher by about A's hidden
-cached_tokens when A repeated itself. Same trials, both kinds in a random order; if every reading
-after a repeat beats every reading after a miss by half of A's prompt or more, B can tell: FAIL.
-
-The probe does not know the pool's size, so it measures it from B's side first: B sends prompts
-one at a time, re-sending its least recently used after each, until that one stops hitting whole.
+A salt per tenant keeps cache keys apart, but if unheld cached pages sit in one LRU list, tenants
+evict each other (Osvik, Shamir and Tromer 2006). B measures the pool, then in each trial fills it,
+A sends a prompt and then the same one again or a different one, and B re-sends its oldest prompt:
+its own `cached_tokens` is higher after A repeated itself. docs/serve.md tells the whole procedure.
 """
 
 from __future__ import annotations
 
 import math
-from http import HTTPStatus
 
-from minikv.probe.replies import Observation
-from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
-from minikv.probe.session import MARGIN_TOKENS, ProbeSession
+from minikv.probe.report import FAIL, PASS, CheckResult, Incomplete
+from minikv.probe.session import MARGIN_TOKENS, ProbeSession, served
 
 MAX_TOKENS = 1
 MAX_PROMPT_TOKENS = 2048  # B's prompts: the window's size up to this, so that a few fill a pool
@@ -31,57 +21,45 @@ TRIALS_PER_KIND = 2
 SEPARATION_SHARE = 1 / 2  # of A's prompt: the least gap between B's readings that counts as telling
 
 
-class Unserved(Exception):
-    """A request of the check was not answered 200: the check cannot finish."""
-
-
 def check_eviction(s: ProbeSession, result: CheckResult) -> None:
     words = s.scale.words_for(min(s.context - MAX_TOKENS - MARGIN_TOKENS, MAX_PROMPT_TOKENS))
     a_words = s.scale.words_for(int(s.scale.tokens(words) * A_SHARE))
-    try:
-        pool = measure_pool(s, result, words)
-        if pool is None:
-            return
-        readings, hidden = {"repeat": [], "fresh": []}, {"repeat": [], "fresh": []}
-        kinds = ["repeat", "fresh"] * TRIALS_PER_KIND
-        s.rng.shuffle(kinds)
-        for i, kind in enumerate(kinds):
-            reading, a_cached = trial(s, result, i + 1, kind, words, a_words, pool)
-            readings[kind].append(reading)
-            hidden[kind].append(a_cached)
-    except Unserved as e:
-        result.decide(INCOMPLETE, str(e))
+    pool = measure_pool(s, result, words)
+    if pool is None:
+        result.decide(PASS, "key B's own repeated prompt read no cached tokens: no prefix cache, so no eviction order")
         return
-    result.figures.update(pool_tokens=pool, b_prompt_tokens=s.scale.tokens(words), a_prompt_tokens=s.scale.tokens(a_words),
-                          b_readings=readings, a_cached_tokens=hidden)
+    readings, hidden = {"repeat": [], "fresh": []}, {"repeat": [], "fresh": []}
+    kinds = ["repeat", "fresh"] * TRIALS_PER_KIND
+    s.rng.shuffle(kinds)
+    for number, kind in enumerate(kinds, 1):
+        reading, a_cached = trial(s, result, number, kind, words, a_words, pool)
+        readings[kind].append(reading)
+        hidden[kind].append(a_cached)
+    result.figures.update(pool_tokens=pool, b_prompt_tokens=s.scale.tokens(words),
+                          a_prompt_tokens=s.scale.tokens(a_words), b_readings=readings, a_cached_tokens=hidden)
     decide(result, readings, hidden, s.scale.tokens(a_words))
 
 
 def measure_pool(s: ProbeSession, result: CheckResult, words: int) -> int | None:
     """Key B's prompts until its least recently used one comes back short: the tokens the pool keeps.
 
-    None (and the result decided) when there is no cache to read or the budget cannot fill it.
-    """
+    None when B's own repeated prompt reads no cached tokens: there is no cache to share an order."""
     resident: list[str] = []  # B's prompts, least recently used first
     whole = None  # cached_tokens of a prompt nothing has evicted
     while True:
-        left = s.client.budget - s.client.sent
-        if left < 2 + (TRIALS_PER_KIND * 2) * (len(resident) + 5):
-            result.decide(INCOMPLETE, f"key B's {len(resident)} prompts ({len(resident) * (whole or 0):,} cached tokens) all "
-                                      "stayed cached: the pool holds more than this budget can fill and probe (--budget)")
-            return None
+        if s.client.budget - s.client.sent < 2 + (TRIALS_PER_KIND * 2) * (len(resident) + 5):
+            raise Incomplete(f"key B's {len(resident)} prompts ({len(resident) * (whole or 0):,} cached tokens) all "
+                             "stayed cached: the pool holds more than this budget can fill and probe (--budget)")
         resident.append(s.words(words))
         served(s.client.complete(s.key_b, resident[-1], MAX_TOKENS))
         oldest = resident.pop(0)
         cached = served(s.client.complete(s.key_b, oldest, MAX_TOKENS)).cached_tokens
         resident.append(oldest)
         if cached is None:
-            result.decide(INCOMPLETE, "the endpoint does not report usage.prompt_tokens_details.cached_tokens, "
-                                      "which the eviction probe reads")
-            return None
+            raise Incomplete("the endpoint does not report usage.prompt_tokens_details.cached_tokens, "
+                             "which the eviction probe reads")
         whole = cached if whole is None else whole
         if whole == 0:
-            result.decide(PASS, "key B's own repeated prompt read no cached tokens: no prefix cache, so no eviction order")
             return None
         if cached < whole:
             pool = (len(resident) - 1) * whole + cached
@@ -116,20 +94,14 @@ def trial(s: ProbeSession, result: CheckResult, number: int, kind: str, words: i
 
 def decide(result: CheckResult, readings: dict[str, list[int]], hidden: dict[str, list[int]], a_tokens: int) -> None:
     after_repeat, after_fresh = readings["repeat"], readings["fresh"]
-    shown = (f"key B's oldest prompt kept {', '.join(map(str, after_repeat))} cached tokens after key A repeated a prompt "
-             f"(A's own hidden cached_tokens: {', '.join(map(str, hidden['repeat']))}) and "
-             f"{', '.join(map(str, after_fresh))} after A sent two different ones")
-    gap = min(after_repeat) - max(after_fresh)
     if max(after_repeat + after_fresh) == 0:
-        result.decide(INCOMPLETE, "key B's oldest prompt was evicted whole in every trial: nothing left to read")
-    elif gap >= SEPARATION_SHARE * a_tokens:
+        raise Incomplete("key B's oldest prompt was evicted whole in every trial: nothing left to read")
+    shown = (f"key B's oldest prompt kept {', '.join(map(str, after_repeat))} cached tokens after key A repeated a "
+             f"prompt (A's own hidden cached_tokens: {', '.join(map(str, hidden['repeat']))}) and "
+             f"{', '.join(map(str, after_fresh))} after A sent two different ones")
+    trials = len(after_repeat + after_fresh)
+    if min(after_repeat) - max(after_fresh) >= SEPARATION_SHARE * a_tokens:
         result.decide(FAIL, f"the eviction order is shared across keys: {shown}; B tells whether A repeated itself "
-                            f"in {len(after_repeat + after_fresh)} of {len(after_repeat + after_fresh)} trials")
+                            f"in {trials} of {trials} trials")
     else:
         result.decide(PASS, f"what key A sends does not change key B's cache: {shown}")
-
-
-def served(obs: Observation) -> Observation:
-    if obs.status != HTTPStatus.OK:
-        raise Unserved(f"a request of the eviction probe was not served ({obs.summary()})")
-    return obs

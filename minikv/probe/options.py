@@ -1,14 +1,11 @@
-"""What one probe run is asked to do: the checks to run and the limits to keep, with their defaults.
-
-No heavy imports here: the command line reads these before the probe (httpx, scipy) is loaded.
-"""
+"""What one probe run is asked to do, with its defaults; no heavy imports (the command line reads these first)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 CHECKS = ("canary", "over-length", "honesty", "prefix-cache", "eviction", "token-gaps")  # in the order they run
-DEFAULT_CHECKS = ("canary", "over-length", "honesty", "prefix-cache")  # the other two fill the endpoint's pool or stream
+DEFAULT_CHECKS = CHECKS[:4]  # the other two fill the endpoint's pool, or hold a stream open
 
 
 @dataclass(frozen=True)

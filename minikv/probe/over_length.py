@@ -1,12 +1,9 @@
 """Over-length: what the endpoint cannot hold must be refused, never answered 200.
 
-Two ways to fail. A prompt just past the advertised window answered 200 means the window is
-not enforced. A prompt at the top of the window answered 200 *far sooner than prefill needs*
-was not read: that is the incident's shape (notebook 05), a prompt longer than the prefill pool
-swapped for a placeholder and answered from whatever the decode pages held. Prefill reads every
-token, so time to first token grows with the prompt: the check times short prompts (1/64 to
-3/16 of the window, each five times, the fastest kept), fits a line through them, and asks
-whether the top-of-window prompt came back in less than half the time the line predicts.
+A prompt just past the advertised window answered 200: the window is not enforced. A prompt at the
+window's top answered 200 far sooner than prefill needs was not read: the incident's shape
+(notebook 05). The check times short prompts (1/64 to 3/16 of the window, five times each, the
+fastest kept), fits a line, and asks whether the top prompt took less than half what it predicts.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from __future__ import annotations
 import statistics
 from http import HTTPStatus
 
-from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult
+from minikv.probe.report import FAIL, PASS, CheckResult, Incomplete
 from minikv.probe.session import MARGIN_TOKENS, ProbeSession, fastest_ms
 
 MAX_TOKENS = 4
@@ -25,8 +22,7 @@ READABLE_RATIO = 1.5  # the trend must predict clearly more time at the top than
 
 
 def check_over_length(s: ProbeSession, result: CheckResult) -> None:
-    beyond = s.scale.words_over(s.context + MARGIN_TOKENS)
-    sent, obs = s.send(s.key_b, beyond, MAX_TOKENS)
+    sent, obs = s.send(s.key_b, s.scale.words_over(s.context + MARGIN_TOKENS), MAX_TOKENS)
     result.note(f"{sent} (the window is {s.context:,} tokens)", obs.summary())
     if obs.status == HTTPStatus.OK:
         result.decide(FAIL, f"a prompt past the {s.context:,}-token window was answered 200")
@@ -34,18 +30,17 @@ def check_over_length(s: ProbeSession, result: CheckResult) -> None:
     top = s.scale.words_for(s.context - MAX_TOKENS - MARGIN_TOKENS)
     sizes = sorted({s.scale.words_for(max(8, int(s.context * f))) for f in TREND_FRACTIONS}) + [top]
     ttft: dict[int, list[float]] = {w: [] for w in sizes}
-    statuses: list[int] = []
+    statuses: set[int] = set()
     for _ in range(REPEATS):
         for words in sizes:
             sent, obs = s.send(s.key_b, words, MAX_TOKENS)
             result.note(sent, obs.summary())
             if obs.status == HTTPStatus.OK:
                 ttft[words].append(obs.first_token_s)
-            statuses.append(obs.status)
+            statuses.add(obs.status)
     trend = [(s.scale.tokens(w), fastest_ms(ttft[w])) for w in sizes[:-1] if ttft[w]]
     if len(trend) < 2:
-        result.decide(INCOMPLETE, f"too few short prompts were served (statuses {sorted(set(statuses))}) to draw the trend")
-        return
+        raise Incomplete(f"too few short prompts were served (statuses {sorted(statuses)}) to draw the trend")
     if not ttft[top]:
         result.decide(PASS, "past the window refused; the top of the window never answered 200")
         return
@@ -55,10 +50,10 @@ def check_over_length(s: ProbeSession, result: CheckResult) -> None:
     result.note("(fastest time to first token)", "; ".join(f"{t:,} tokens: {ms:.1f} ms" for t, ms in trend)
                 + f"; {tokens_top:,} tokens: {measured:.1f} ms (the trend predicts {predicted:.1f} ms)")
     if predicted < READABLE_RATIO * trend[0][1]:
-        result.decide(INCOMPLETE, "past the window refused; but the short prompts' times do not grow enough to tell a "
-                                  "read prompt from an unread one here")
-    elif measured < BLIND_RATIO * predicted:
-        result.decide(FAIL, f"a {tokens_top:,}-token prompt was answered 200 in less than half the time prefill needs: "
-                            "it was not read (answered 200 over-length)")
+        raise Incomplete("past the window refused; but the short prompts' times do not grow enough to tell a "
+                         "read prompt from an unread one here")
+    if measured < BLIND_RATIO * predicted:
+        result.decide(FAIL, f"a {tokens_top:,}-token prompt was answered 200 in less than half the time prefill "
+                            "needs: it was not read (answered 200 over-length)")
     else:
         result.decide(PASS, "past the window refused; the longest prompt it accepts took as long as prefill needs")

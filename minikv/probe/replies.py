@@ -1,8 +1,8 @@
-"""What the probe reads back from the endpoint: an Observation, every field checked against the API.
+"""What the probe reads back: an Observation per request, every field checked against the OpenAI API.
 
-A reply that is not what the OpenAI API specifies (usage as an array, a count as a string, an
-event that is not a JSON object, a stream cut before `[DONE]`, ...) raises CannotProbe with one
-line that says what was wrong: a malformed endpoint cannot be probed, and is never a check's FAIL.
+A reply the API does not allow (usage as an array, a count as a string, an event that is not a
+JSON object, a stream cut before `[DONE]`, ...) raises CannotProbe with one line saying what was
+wrong: a malformed endpoint cannot be probed, and is never a check's FAIL.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
+
+JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean"}
 
 
 class CannotProbe(Exception):
@@ -44,7 +47,8 @@ class Observation:
     def summary(self) -> str:
         """One line for the report, without the reply's text."""
         if self.status != HTTPStatus.OK:
-            return " ".join(str(x) for x in (self.status, self.error_code) if x) + f": {self.error_message or '(no message)'}"
+            head = " ".join(str(x) for x in (self.status, self.error_code) if x)
+            return f"{head}: {self.error_message or '(no message)'}"
         ttft = f"{self.ttft_s * 1e3:.1f} ms" if self.ttft_s is not None else "-"
         return f"200, prompt_tokens={self.prompt_tokens}, cached_tokens={self.cached_tokens}, ttft {ttft}"
 
@@ -58,8 +62,8 @@ class StreamControl:
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def one_line(text: str, limit: int = 200) -> str:
-    """An error body as one short line: tags dropped (an HTML error page), whitespace collapsed."""
+def one_line(text: str, limit: int = 300) -> str:
+    """An error as one short line: tags dropped (an HTML error page), whitespace collapsed."""
     return " ".join(re.sub(r"<[^>]*>", " ", text).split())[:limit]
 
 
@@ -85,13 +89,21 @@ def lines(chunks: Iterator[bytes]) -> Iterator[str]:
         yield pending.decode("utf-8", "replace")
 
 
-def error_observation(status: int, content: bytes, latency_s: float) -> Observation:
+def error_observation(status: int, error: object, latency_s: float, text: str = "") -> Observation:
+    """A failed request: the code and message of an API error object, or the error itself as one line."""
+    code, message = None, error if isinstance(error, str) else json.dumps(error)
+    if isinstance(error, dict):
+        code, message = error.get("code"), str(error.get("message"))
+    return Observation(status, text, latency_s=latency_s, error_code=None if code is None else str(code),
+                       error_message=one_line(message))
+
+
+def error_body(content: bytes) -> object:
+    """The `error` of a JSON error body, or the body as text."""
     try:
-        err = json.loads(content)["error"]
+        return json.loads(content)["error"]
     except (ValueError, KeyError, TypeError):
-        return Observation(status, latency_s=latency_s, error_message=one_line(content.decode("utf-8", "replace")))
-    code, message = _error_fields(err)
-    return Observation(status, latency_s=latency_s, error_code=code, error_message=one_line(message, 300))
+        return content.decode("utf-8", "replace")
 
 
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
@@ -108,14 +120,12 @@ def read_stream(stream_lines: Iterator[str], start: float, content_type: str | N
         event = _event(data)
         events += 1
         if "error" in event:
-            code, message = _error_fields(event["error"])
-            return Observation(HTTPStatus.INTERNAL_SERVER_ERROR, "".join(text), latency_s=time.perf_counter() - start,
-                               error_code=code, error_message=one_line(message, 300))
+            return error_observation(HTTPStatus.INTERNAL_SERVER_ERROR, event["error"], time.perf_counter() - start,
+                                     "".join(text))
         for choice in _field(event, "choices", list) or []:
             if not isinstance(choice, dict):
                 raise CannotProbe(f"a choice is {JSON_KINDS.get(type(choice), 'null')}, not an object")
-            piece = _field(choice, "text", str)
-            if piece:
+            if piece := _field(choice, "text", str):
                 times.append(time.perf_counter())
                 text.append(piece)
                 if control is not None:
@@ -133,9 +143,6 @@ def read_stream(stream_lines: Iterator[str], start: float, content_type: str | N
     return Observation(HTTPStatus.OK, "".join(text), _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
                        _count(details, "cached_tokens"), times[0] - start if times else None,
                        time.perf_counter() - start, text_times=tuple(times))
-
-
-JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
 def _event(data: str) -> dict:
@@ -162,11 +169,3 @@ def _count(usage: dict, name: str) -> int | None:
     if value is not None and (type(value) is not int or value < 0):
         raise CannotProbe(f"usage.{name} is {value!r}, not a token count")
     return value
-
-
-def _error_fields(err: object) -> tuple[str | None, str]:
-    """(code, message) of an error object, or of an error that is only a string."""
-    if isinstance(err, dict):
-        code = err.get("code")
-        return (None if code is None else str(code)), str(err.get("message"))
-    return None, err if isinstance(err, str) else json.dumps(err)

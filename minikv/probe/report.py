@@ -1,4 +1,4 @@
-"""A check's result: what was sent, what came back, and the verdict; printed or as JSON."""
+"""What the probe found: each check's exchanges, figures and verdict, and the run's report and exit status."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 INFO = "info"  # a measured residual, reported with its figures: never a pass or a fail
+
+
+class Incomplete(Exception):
+    """A check cannot finish (a request not served, the budget spent): its verdict is INCOMPLETE, this the reason."""
 
 
 @dataclass
@@ -21,20 +25,16 @@ class CheckResult:
     def note(self, sent: str, got: str) -> None:
         self.exchanges.append((sent, got))
 
-    def decide(self, verdict: str, reason: str) -> "CheckResult":
+    def decide(self, verdict: str, reason: str) -> None:
         self.verdict, self.reason = verdict, reason
-        return self
 
     def to_json(self) -> dict:
         return {"name": self.name, "verdict": self.verdict, "reason": self.reason, "figures": self.figures,
-                "exchanges": [{"sent": s, "got": g} for s, g in self.exchanges]}
+                "exchanges": [{"sent": sent, "got": got} for sent, got in self.exchanges]}
 
     def format(self) -> str:
-        lines = [f"[{self.name}]"]
-        for sent, got in self.exchanges:
-            lines += [f"  sent: {sent}", f"  got:  {got}"]
-        lines.append(f"  verdict: {self.verdict.upper()}: {self.reason}")
-        return "\n".join(lines)
+        exchanges = [f"  sent: {sent}\n  got:  {got}" for sent, got in self.exchanges]
+        return "\n".join([f"[{self.name}]", *exchanges, f"  verdict: {self.verdict.upper()}: {self.reason}"])
 
 
 def exit_status(results: list[CheckResult]) -> int:
@@ -42,3 +42,36 @@ def exit_status(results: list[CheckResult]) -> int:
     if any(r.verdict == FAIL for r in results):
         return 1
     return 0 if all(r.verdict in (PASS, INFO) for r in results) else 2
+
+
+@dataclass
+class ProbeReport:
+    """Every check's result, and what the probe learned about the endpoint."""
+
+    endpoint: str
+    model: str | None
+    context: int | None
+    keys: list[str]  # masked
+    salt_per_key: bool = False
+    requests_sent: int = 0
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def status(self) -> int:
+        return exit_status(self.results)
+
+    def verdicts(self) -> dict[str, str]:
+        return {r.name: r.verdict for r in self.results}
+
+    def to_json(self) -> dict:
+        return {"endpoint": self.endpoint, "model": self.model, "context": self.context, "keys": self.keys,
+                "salt_per_key": self.salt_per_key, "requests_sent": self.requests_sent,
+                "checks": [r.to_json() for r in self.results], "exit_status": self.status}
+
+    def summary(self) -> str:
+        failed = [r.name for r in self.results if r.verdict not in (PASS, INFO)]
+        measured = [r.name for r in self.results if r.verdict == INFO]
+        salted = ", a cache_salt per key" if self.salt_per_key else ""
+        return (f"{self.requests_sent} requests to {self.endpoint} ({self.model}, window {self.context:,} tokens"
+                f"{salted}): " + ("all checks passed" if not failed else f"not passed: {', '.join(failed)}")
+                + (f"; measured, not judged: {', '.join(measured)}" if measured else ""))

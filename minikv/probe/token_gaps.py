@@ -1,30 +1,20 @@
 """Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? (a residual)
 
-An engine that batches continuously runs a new prompt's prefill in a step between, or beside, the
-decode steps of the streams already running, so every running stream's next token waits for that
-prefill, in proportion to its work. A prompt that hits its own prefix cache (allowed, even with a
-salt per tenant) skips most of its prefill. Key B streams a long reply; meanwhile key A sends a
-long prompt, either fresh (a miss) or one A sent before (a hit), both kinds in each trial in a
-random order. B's largest inter-token gap during each of A's requests is the signal, and the
-probe reports how well it separates them as ROC AUC: the chance that a random miss shows a larger
-gap than a random hit (0.5: B learns nothing; 1.0: B always tells).
-
-The verdict is INFO, with the AUC and the number of trials, and it never changes the exit status:
-this channel is opened by batching itself, on every endpoint that batches tenants together, and
-its strength depends on load and prompt length, so it is a measured residual, not a missing
-fix. A per-step prefill budget (chunked prefill) bounds the gap; only not sharing steps closes it.
+A prefill runs in a step between or beside the running streams' decode steps, so their next tokens
+wait for it; a prompt that hits its own cache skips most of it. B streams while A sends a fresh
+prompt and a repeated one; how well B's largest gap tells them apart is reported as ROC AUC, an
+INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap").
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
 from minikv.probe.replies import Observation, StreamControl
-from minikv.probe.report import INCOMPLETE, INFO, CheckResult
-from minikv.probe.session import MARGIN_TOKENS, ProbeSession
+from minikv.probe.report import INFO, CheckResult, Incomplete
+from minikv.probe.session import MARGIN_TOKENS, ProbeSession, median_ms
 
 MAX_TOKENS = 1
 MAX_PROMPT_TOKENS = 682  # A's prompts: a third of the window up to this, so that a tenant's own cache share keeps them
@@ -38,37 +28,35 @@ FIRST_TOKEN_WAIT_S = 30.0
 
 def check_token_gaps(s: ProbeSession, result: CheckResult) -> None:
     words = s.scale.words_for(min((s.context - MAX_TOKENS - MARGIN_TOKENS) // 3, MAX_PROMPT_TOKENS))
+    tokens = s.scale.tokens(words)
     repeated = s.words(words)
     s.client.complete(s.key_a, repeated, MAX_TOKENS)  # A's hit in every trial is this one
     gaps: dict[str, list[float]] = {"miss": [], "hit": []}
     hit_cached: list[int] = []
     for _ in range(TRIALS):
-        fresh = s.words(words)
-        order = [("miss", fresh), ("hit", repeated)]
+        order = [("miss", s.words(words)), ("hit", repeated)]
         s.rng.shuffle(order)
         for (kind, _), (gap, obs) in zip(order, beside_a_stream(s, [p for _, p in order]), strict=True):
             if gap is None or obs.status != HTTPStatus.OK:
                 continue
             if obs.cached_tokens is not None:  # what A's request was, as the endpoint reports it: a repeat A's own
-                kind = "hit" if obs.cached_tokens * 2 >= s.scale.tokens(words) else "miss"  # cache may have evicted misses
+                kind = "hit" if obs.cached_tokens * 2 >= tokens else "miss"  # cache may have evicted misses
+                if kind == "hit":
+                    hit_cached.append(obs.cached_tokens)
             gaps[kind].append(gap)
-            if kind == "hit" and obs.cached_tokens is not None:
-                hit_cached.append(obs.cached_tokens)
-    tokens = s.scale.tokens(words)
     result.note(f"{TRIALS} trials: key B streams up to {B_MAX_TOKENS} tokens; meanwhile key A sends a {tokens:,}-token "
                 "prompt it sent before (hit) and a fresh one (miss), in a random order",
-                f"key B's largest inter-token gap: hit {_ms(gaps['hit'])}, miss {_ms(gaps['miss'])}"
+                f"key B's largest inter-token gap: hit {median_ms(gaps['hit'])}, miss {median_ms(gaps['miss'])}"
                 + (f"; key A's hits read cached_tokens {min(hit_cached)}-{max(hit_cached)}" if hit_cached else ""))
     if min(len(gaps["miss"]), len(gaps["hit"])) < MIN_SAMPLES:
-        result.decide(INCOMPLETE, f"key B's stream covered too few of key A's requests ({len(gaps['miss'])} misses, "
-                                  f"{len(gaps['hit'])} hits; {MIN_SAMPLES} of each needed)")
-        return
+        raise Incomplete(f"key B's stream covered too few of key A's requests ({len(gaps['miss'])} misses, "
+                         f"{len(gaps['hit'])} hits; {MIN_SAMPLES} of each needed)")
     auc = roc_auc(gaps["miss"], gaps["hit"])
     result.figures.update(auc=auc, trials=TRIALS, a_prompt_tokens=tokens,
                           gap_ms={k: [round(1e3 * g, 2) for g in v] for k, v in gaps.items()})
-    result.decide(INFO, f"key B tells key A's cache hit from a miss by its own largest inter-token gap with ROC AUC "
-                        f"{auc:.2f} ({len(gaps['miss'])} misses, {len(gaps['hit'])} hits; the chance that a random miss "
-                        "shows a larger gap than a random hit, 0.5 = no information): a residual of batching, "
+    result.decide(INFO, f"key B tells key A's cache hit from a miss by its own largest inter-token gap with ROC "
+                        f"AUC {auc:.2f} ({len(gaps['miss'])} misses, {len(gaps['hit'])} hits; the chance that a random "
+                        "miss shows a larger gap than a random hit, 0.5 = no information): a residual of batching, "
                         "reported and never a FAIL")
 
 
@@ -80,8 +68,8 @@ def beside_a_stream(s: ProbeSession, prompts: list[str]) -> list[tuple[float | N
     control = StreamControl()
     with ThreadPoolExecutor(max_workers=1) as pool:
         stream = pool.submit(s.client.complete, s.key_b, B_PROMPT, B_MAX_TOKENS, control)
-        give_up = time.monotonic() + FIRST_TOKEN_WAIT_S
-        while not (control.first_text.wait(0.01) or stream.done() or time.monotonic() > min(give_up, s.client.deadline)):
+        give_up = min(time.monotonic() + FIRST_TOKEN_WAIT_S, s.client.deadline)
+        while not (control.first_text.wait(0.01) or stream.done() or time.monotonic() > give_up):
             pass
         windows = []
         try:
@@ -108,7 +96,3 @@ def roc_auc(misses: list[float], hits: list[float]) -> float:
     """The chance that a random miss's gap exceeds a random hit's (ties count half): the Mann-Whitney U, scaled."""
     wins = sum((m > h) + 0.5 * (m == h) for m in misses for h in hits)
     return wins / (len(misses) * len(hits))
-
-
-def _ms(values: list[float]) -> str:
-    return f"median {1e3 * statistics.median(values):.1f} ms (n={len(values)})" if values else "none measured"

@@ -1,8 +1,7 @@
 """`python -m minikv bench`: minikv against transformers on one workload, same model, greedy.
 
-This file owns the workload, the equality check and the measurements (docs/benchmarks.md says
-what each one means); the runners are in systems.py, the table and JSON in report.py, the
-figure in plot.py, the roofline in roofline.py and the shared-prefix workload in prefix.py.
+The workload, the equality check and the measurements (docs/benchmarks.md says what each means);
+the runners are in systems.py, the table and JSON in report.py, the figure in plot.py.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
 from minikv.bench import prefix, systems
 from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
-from minikv.bench.report import BenchReport, describe_machine, summarize
+from minikv.bench.report import BenchReport, describe_machine
 from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.disagg.switches import SafetySwitches
@@ -153,7 +152,6 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
         report.runs = time_systems(runners, workload, settings, report, bar)
-        report.results = {name: summarize(runs) for name, runs in report.runs.items()}
         report.kv = kv_memory(tokenizer, workload, report.runs["hf_sequential"][-1].completions)
         bar.set_postfix_str("decode step")
         report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
@@ -211,9 +209,9 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     started = time.perf_counter()
     report = run_bench(model, tokenizer, settings, " ".join(["python -m minikv bench", *(f for f, on in flags if on)]))
     if args.plot:
-        from minikv.bench.plot import save_figure
+        from minikv.bench.plot import bench_figure, save_figure
 
-        save_figure(report, args.plot)
+        save_figure(bench_figure(report), args.plot)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

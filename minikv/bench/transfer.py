@@ -1,8 +1,4 @@
-"""The distributed KV transfer measured over loopback, and the harness that runs a bare pair.
-
-`run_pair(worker, args, timeout_s)` spawns rank 0 (prefill, the sender) and rank 1 (decode, the
-receiver), each with a gloo process group over loopback and the bootstrap `TCPStore`, and kills
-both past `timeout_s`, so a lost message never hangs the caller; each worker's dict comes back
+"""The distributed KV transfer measured over loopback, and `run_pair`, the harness that runs a bare pair
 (tests/test_transfer_protocol.py drives the protocol through it).
 
     python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
@@ -50,7 +46,8 @@ def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, dead
 
 
 def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """Run `worker(rank, store, deadline, args)` in two processes; (prefill result, decode result)."""
+    """Run `worker(rank, store, deadline, args)` as rank 0 (prefill, the sender) and rank 1 (decode), each with gloo
+    over loopback and the bootstrap TCPStore, both killed past `timeout_s`; (prefill result, decode result)."""
     with tempfile.TemporaryDirectory() as out_dir:
         deadline = time.time() + timeout_s
         ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)

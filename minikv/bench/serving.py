@@ -127,9 +127,9 @@ class ServingReport:
         return {c: paired_ratios(*(self.loads[(s, c)] for s in self.servers)) for c in self.clients}
 
     def to_json(self) -> dict:
+        ratios = {c: {"median": statistics.median(r), "min": min(r), "max": max(r)} for c, r in self.ratios().items()}
         return {"servers": self.servers, "rounds": self.rounds,
-                "results": {f"{s}@{c}": self.row(s, c) for s in self.servers for c in self.clients},
-                "ratios": {c: {"median": statistics.median(r), "min": min(r), "max": max(r)} for c, r in self.ratios().items()},
+                "results": {f"{s}@{c}": self.row(s, c) for s in self.servers for c in self.clients}, "ratios": ratios,
                 "load_avg_1min": {"min": min(self.load_avg), "max": max(self.load_avg)}, "outputs_equal": not self.mismatched}
 
     def table(self) -> str:

@@ -121,23 +121,22 @@ def measure(pages_per_room: int, rooms: int, page_size: int = 16, timeout_s: flo
 def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
     """Median time to first token of the same greedy requests through the in-process Cluster and
     through DistCluster (two worker processes, the front door's queues included)."""
+    from minikv.bench.systems import BenchRequest, serve_all
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.dist.cluster import DistCluster
     from minikv.disagg.switches import SafetySwitches
-    from minikv.engine.request import Request
     from minikv.model.checkpoint import load_model
 
     model, tokenizer = load_model(device="cpu")
     config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches()
+    workload = [BenchRequest(f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4), max_tokens,
+                             f"tenant-{i % 3}") for i in range(num_requests)]
     result = {"requests": num_requests, "max_tokens": max_tokens}
     for name, door in (("in_process", lambda: Cluster(model, tokenizer, config, switches)),
                        ("dist_cluster", lambda: DistCluster(tokenizer, config, switches))):
         pair = door()
         try:
-            for i in range(num_requests):
-                prompt = f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4)
-                pair.submit(Request(prompt, f"tenant-{i % 3}", max_tokens))
-            result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(r.ttft_s for r in pair.run()), 2)
+            result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(serve_all(pair, workload).ttft_s), 2)
         finally:
             pair.close()
     return result

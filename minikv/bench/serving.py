@@ -115,9 +115,10 @@ class ServingReport:
 
     def row(self, server: str, clients: int) -> dict:
         loads = self.loads[(server, clients)]
-        seconds = (*p50_p99([t for x in loads for t in x.ttft_s]), *p50_p99([t for x in loads for t in x.itl_s]))
+        ttft = p50_p99([t for x in loads for t in x.ttft_s])
+        itl = p50_p99([t for x in loads for t in x.itl_s])
         return {"tokens_per_s": statistics.median(x.tokens_per_s for x in loads),
-                **{key: None if s is None else 1e3 * s for key, s in zip(LATENCIES, seconds)},
+                **{key: None if s is None else 1e3 * s for key, s in zip(LATENCIES, (*ttft, *itl))},
                 "errors": sum(x.completions.count(None) for x in loads)}
 
     def ratios(self) -> dict[int, list[float]]:

@@ -3,7 +3,7 @@
 The benchmark's 32 prompts on a scattered pool of the shipped model's shape; decode (one new
 token after each prompt) and prefill (the first 20 prompts whole, 1,891 tokens), with the tile
 shapes PagedStep would pick and the prefill shape a GPU uses. Both sides are timed alternately;
-medians and minimums of `--iters` rounds. The README's choice of path per phase rests on it.
+medians and minimums of `--iters` rounds. docs/benchmarks.md's choice of path per phase rests on it.
 """
 
 from __future__ import annotations

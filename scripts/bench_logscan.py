@@ -2,9 +2,8 @@
 
     python scripts/bench_logscan.py [--rows 1000000] [--path /tmp/minikv_bench_gateway.jsonl]
 
-The log is generated once (seed 1, not committed) and reused. The scan runs in a fresh child
-process so that its peak resident memory (ru_maxrss) is the scan's and not the generator's;
-the child also reports its memory before scanning, so the scan's own share is visible.
+The log (seed 1, not committed) is generated once and reused; the scan runs in a fresh child process, so
+its peak RSS is the scan's, and the child reports its memory before the scan as well.
 """
 
 from __future__ import annotations

@@ -2,18 +2,13 @@
 
     python scripts/browser_check.py [NOTEBOOK] [--screenshot PATH]
 
-What it does: executes the notebook once headless to warm up (see `warm_up`; not timed by the
-browser's waits), starts JupyterLab on 127.0.0.1 (a free port, no token, temporary settings,
-workspace and runtime folders, the "get Jupyter news?" pop-up silenced), opens a copy of the
-notebook with its outputs and saved widget state removed (so nothing on screen comes from the
-file), runs all cells, and asserts that a play/slider widget and a page-map image appear, that
-no still PNG is drawn beside a player (its fallback PNG is for viewers without widgets), and
-that pressing Play moves the slider's readout. It saves a screenshot and stops the server.
-
-NOTEBOOK defaults to tests/browser/widget_demo.ipynb; the screenshot goes to --screenshot, else
-$MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png. Needs /usr/bin/chromium (or the
-browser $MINIKV_CHROMIUM names; `apt-get install -y chromium`) and the `playwright` package (`pip install playwright`; never
-`playwright install`, which downloads a browser). Exit status 0 when every check passed.
+It warms the notebook up headless (`warm_up`), starts JupyterLab on a free loopback port with temporary
+settings, opens a copy of the notebook without outputs or widget state (nothing on screen comes from the
+file), runs all cells and checks that a slider, a Play button and a page-map image appear, that no still
+PNG is drawn beside a player, and that Play moves the readout; then a screenshot (--screenshot, else
+$MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png). Needs /usr/bin/chromium (or $MINIKV_CHROMIUM;
+`apt-get install -y chromium`) and `pip install playwright` (never `playwright install`, which downloads
+a browser). Exit status 0 when every check passed.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
+
+from minikv.serve.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")
@@ -86,12 +82,6 @@ def warm_up(notebook: Path) -> float:
     nb = nbformat.read(notebook, as_version=4)
     nbclient.NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(notebook.parent)}}).execute()
     return time.monotonic() - start
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stripped_copy(notebook: Path) -> Path:
@@ -183,13 +173,9 @@ def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
     raise AssertionError(f"Run All Cells started no cell in {attempts} tries of {started_ms / 1000:.0f} s")
 
 
-def drawn_images(page, selector: str) -> int:
-    """How many images matching `selector` have loaded pixels (an empty <img> does not count)."""
-    return page.eval_on_selector_all(selector, "images => images.filter(i => i.complete && i.naturalWidth > 0).length")
-
-
 def loaded_images(page, selector: str, timeout_ms: float) -> int:
-    """Wait (up to `timeout_ms`) until an image matching `selector` has loaded pixels; how many have."""
+    """Wait (up to `timeout_ms`) until an image matching `selector` has loaded pixels; how many have (an empty
+    <img> does not count)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
@@ -197,7 +183,7 @@ def loaded_images(page, selector: str, timeout_ms: float) -> int:
                                arg=selector, timeout=timeout_ms)
     except PlaywrightTimeout:
         pass
-    return drawn_images(page, selector)
+    return page.eval_on_selector_all(selector, "images => images.filter(i => i.complete && i.naturalWidth > 0).length")
 
 
 def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s: float) -> dict:

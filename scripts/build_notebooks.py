@@ -1,8 +1,4 @@
-"""Build the notebooks from their jupytext sources and execute each in a fresh kernel.
-
-Each notebook's source is a jupytext percent file in notebooks/sources/ (the format the Jupyter
-world uses for notebooks that review like code); the executed .ipynb in notebooks/ is what
-learners open and what nbval re-runs. Usage:
+"""Build the notebooks from their jupytext sources (notebooks/sources/) and execute each in a fresh kernel.
 
     python scripts/build_notebooks.py                  # every notebook
     python scripts/build_notebooks.py 05 06            # those whose names start so

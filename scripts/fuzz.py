@@ -1,15 +1,11 @@
-"""Hunt each broken engine with the disaggregation fuzzer, then check the safe preset stays clean.
+"""Hunt each broken engine with the disaggregation fuzzer, then check the safe preset stays clean (docs/disagg.md).
 
     python scripts/fuzz.py                          # 10 hunts per broken engine, 2,000 safe workloads
     python scripts/fuzz.py --seeds 20 --safe 5000   # more of both
 
-A hunt draws seeded workloads in a plain loop and counts how many it takes until the first one
-is served wrongly (nothing else is counted: no shrinking, no replays). The broken engines are
-the vulnerable preset, the safe preset minus deferred_release or minus cache_salt (a
-cross-tenant prefix-cache hit), and the safe preset with
-`KVManager.settled` mutated to always answer True. The safe run then plays `--safe` workloads
-and totals every invariant. Exit status 0 when every hunt found its engine within `--limit`
-workloads and the safe preset broke nothing, 1 otherwise, 2 on bad arguments.
+A hunt counts the seeded workloads until the first one served wrongly (no shrinking, no replays); the safe
+run totals every invariant. Exit status 0 when every hunt found its engine within `--limit` workloads and
+the safe preset broke nothing, 1 otherwise, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -19,21 +15,12 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 
 from minikv.attacks.fuzz import (
     first_failing, random_workload, run_workload, safe_for_fuzzing, smallest_failing, targets, tiny_random_model,
 )
-
-
-def positive(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from minikv.cli import positive_int
 
 
 def hunt(model, tok, seeds: int, limit: int, show: bool) -> bool:
@@ -54,9 +41,7 @@ def hunt(model, tok, seeds: int, limit: int, show: bool) -> bool:
 
 def safe_run(model, tok, workloads: int, seed: int) -> bool:
     """Play `workloads` seeded workloads on the safe preset and print the totals; True when clean."""
-    rng, switches = random.Random(seed), safe_for_fuzzing()
-    totals = dict.fromkeys(("requests", "cancels", "mid_transfer", "cross", "foreign", "leaked", "misdelivered",
-                            "not_once", "cache_hits", "failing"), 0)
+    rng, switches, totals = random.Random(seed), safe_for_fuzzing(), Counter()
     started = time.perf_counter()
     for n in range(1, workloads + 1):
         workload = random_workload(rng)
@@ -85,9 +70,9 @@ def safe_run(model, tok, workloads: int, seed: int) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=positive, default=10, help="hunts per broken engine (default 10)")
-    parser.add_argument("--limit", type=positive, default=2000, help="workloads a hunt may draw (default 2000)")
-    parser.add_argument("--safe", type=positive, default=2000, help="safe-preset workloads (default 2000)")
+    parser.add_argument("--seeds", type=positive_int, default=10, help="hunts per broken engine (default 10)")
+    parser.add_argument("--limit", type=positive_int, default=2000, help="workloads a hunt may draw (default 2000)")
+    parser.add_argument("--safe", type=positive_int, default=2000, help="safe-preset workloads (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the safe run (default 0)")
     parser.add_argument("--show", action="store_true", help="print the smallest failing workload of each hunt")
     args = parser.parse_args()

@@ -1,16 +1,9 @@
 """Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
 
-Starts `minikv serve SERVE_ARGS` (default `--num-pages 2048 --context-len 2048`), drives it with
-closed-loop clients (each streams its next greedy request, the benchmark's 32 in turn, as soon as
-its last one ends) and samples it with py-spy (`pip install py-spy`), twice per client count:
-
-- `--idle`: every thread's stack 100 times a second, busy or waiting: each thread's time by part
-  (the engine thread: model, scheduling, tokenizer, streaming...; the event loop: HTTP, JSON,
-  framework, handlers, asyncio; waiting);
-- `--gil`: only the thread holding the GIL: how much of the wall time the GIL is held, and by whom.
-
-Each part is the deepest frame of the stack that a rule below names. The clients run in this
-process, on the same cores: the load average is printed with every figure.
+Starts `minikv serve SERVE_ARGS` (default `--num-pages 2048 --context-len 2048`), drives it with closed-loop
+clients streaming the benchmark's 32 requests, and reads it three ways: CPU time per thread from /proc, every
+thread's stack with `py-spy record --idle`, the GIL's holder with `--gil` (`pip install py-spy`). Each sample
+counts for the deepest frame a rule in RULES names; the clients share the cores (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -20,7 +13,6 @@ import asyncio
 import itertools
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,37 +21,36 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from minikv.bench.benchmark import bench_workload
+from minikv.bench.serving import requests_for, run_load, stream_one
+from minikv.serve.launch import ServerProcess
 
-from minikv.bench.benchmark import bench_workload  # noqa: E402
-from minikv.bench.serving import requests_for, run_load, stream_one  # noqa: E402
-from minikv.serve.launch import ServerProcess  # noqa: E402
-
-RULES = [  # (part, substring of a frame); the deepest frame that matches decides
-    ("model: attention", "minikv/paged_attention.py"), ("model: attention", "minikv/varlen_attention.py"),
-    ("model: attention", "minikv/attention.py"), ("model: layers", "minikv/model.py"),
-    ("model runner: batch tensors, argmax", "minikv/model_runner.py"),
-    ("scheduling, pages, prefix cache", "minikv/scheduler.py"), ("scheduling, pages, prefix cache", "minikv/page_pool.py"),
-    ("scheduling, pages, prefix cache", "minikv/prefix_cache.py"), ("scheduling, pages, prefix cache", "minikv/admission.py"),
-    ("ownership audit", "minikv/audit.py"), ("event log", "minikv/events.py"),
-    ("detokenize", "decode (minikv/tokenizer.py"), ("tokenize", "encode_prompt (minikv/tokenizer.py"),
-    ("tokenize", "encode_text (minikv/tokenizer.py"),
-    ("engine loop: streaming, stops, stats", "minikv/serve/engine_loop.py"),
-    ("engine: submit, finish, responses", "minikv/engine.py"), ("engine: submit, finish, responses", "minikv/front_door.py"),
-    ("engine: submit, finish, responses", "minikv/request.py"), ("engine: submit, finish, responses", "minikv/response.py"),
-    ("event loop: waiting for sockets (or for the GIL after them)", "select (selectors.py"),
-    ("asyncio machinery", "asyncio/"), ("HTTP: uvicorn, h11, httptools", "uvicorn/"), ("HTTP: uvicorn, h11, httptools", "h11/"),
-    ("HTTP: uvicorn, h11, httptools", "httptools"), ("framework: starlette, fastapi, anyio", "starlette/"),
-    ("framework: starlette, fastapi, anyio", "fastapi/"), ("framework: starlette, fastapi, anyio", "anyio/"),
-    ("handlers: minikv/serve/app.py, schemas", "minikv/serve/app.py"),
-    ("handlers: minikv/serve/app.py, schemas", "minikv/serve/schemas.py"), ("pydantic validation", "pydantic"),
-    ("JSON", "json/"), ("gateway log, auth", "minikv/serve/gateway.py"), ("gateway log, auth", "minikv/serve/auth.py"),
-]
+RULES = {  # part -> substrings of a frame; the deepest frame that matches one decides, the first part here wins
+    "model: attention": ("minikv/attention/", "minikv/engine/paged_step.py"),
+    "model: layers": ("minikv/model/llama.py",),
+    "model runner: batch tensors, argmax": ("minikv/engine/model_runner.py",),
+    "scheduling, pages, prefix cache": ("minikv/engine/scheduler.py", "minikv/engine/page_pool.py",
+                                        "minikv/engine/prefix_cache.py"),
+    "ownership audit": ("minikv/engine/audit.py",),
+    "event log": ("minikv/engine/events.py",),
+    "detokenize": ("decode (minikv/model/tokenizer.py",),
+    "tokenize": ("encode_prompt (minikv/model/tokenizer.py", "encode_text (minikv/model/tokenizer.py"),
+    "engine loop: streaming, stops, stats": ("minikv/serve/engine_loop.py",),
+    "engine: submit, finish, responses": ("minikv/engine/engine.py", "minikv/engine/front_door.py",
+                                          "minikv/engine/request.py"),
+    "event loop: waiting for sockets (or for the GIL after them)": ("select (selectors.py",),
+    "asyncio machinery": ("asyncio/",),
+    "HTTP: uvicorn, h11, httptools": ("uvicorn/", "h11/", "httptools"),
+    "framework: starlette, fastapi, anyio": ("starlette/", "fastapi/", "anyio/"),
+    "handlers: minikv/serve/app.py, schemas": ("minikv/serve/app.py", "minikv/serve/schemas.py"),
+    "pydantic validation": ("pydantic",),
+    "JSON": ("json/",),
+    "gateway log": ("minikv/serve/gateway.py",),
+}
 ERRORS: Counter = Counter()  # failed requests by kind, over the whole run
 IDLE_ENGINE = "EngineLoop._drain (minikv/serve/engine_loop.py"  # deepest minikv frame: waiting for the inbox
-
-
 HAND_OFF = "call_soon_threadsafe"  # the engine thread posting text to the event loop (it writes to its self-pipe)
+THREADS = {"minikv-engine-loop": "engine thread", "MainThread": "event loop (main thread)"}  # by Python name
 
 
 def part(frames: list[str]) -> str:
@@ -68,8 +59,8 @@ def part(frames: list[str]) -> str:
     for frame in reversed(frames):  # from the leaf up
         if frame.startswith(IDLE_ENGINE):
             return "engine: waiting for requests"
-        for name, needle in RULES:
-            if needle in frame:
+        for name, needles in RULES.items():
+            if any(needle in frame for needle in needles):
                 return name
     return "other: " + (frames[-1].split(" (")[0] if frames else "?")
 
@@ -80,8 +71,7 @@ def read_raw(path: Path) -> dict[str, Counter]:
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         head, *frames = stack.split(";")
-        thread = head.split(": ", 1)[-1] if ": " in head else head
-        thread = "engine thread" if "minikv-engine-loop" in thread else "event loop (main thread)" if "MainThread" in thread else thread
+        thread = next((ours for name, ours in THREADS.items() if name in head), head.split(": ", 1)[-1])
         threads.setdefault(thread, Counter())[part(frames)] += int(count)
     return threads
 
@@ -104,7 +94,7 @@ async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, fl
             except httpx.HTTPError as e:
                 ERRORS[type(e).__name__] += 1
                 continue
-            tokens += reply[1] if reply else 0
+            tokens += reply[0].tokens if reply else 0
             ERRORS["non-200"] += reply is None
         return tokens
 
@@ -117,8 +107,7 @@ async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, fl
 def thread_names(pid: int) -> dict[int, str]:
     """Native thread id -> our name for it, from `py-spy dump` ("Thread 5869 (idle): "minikv-engine-loop"")."""
     dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
-    names = {"MainThread": "event loop (main thread)", "minikv-engine-loop": "engine thread"}
-    return {int(line.split()[1]): names.get(line.split('"')[1], "other threads")
+    return {int(line.split()[1]): THREADS.get(line.split('"')[1], "other threads")
             for line in dump.splitlines() if line.startswith("Thread ") and '"' in line}
 
 
@@ -159,8 +148,6 @@ def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None,
 def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
     on), in this process, no HTTP, every request submitted at once."""
-    import argparse
-
     from minikv.model.checkpoint import load_model
     from minikv.cli import positive_int
     from minikv.engine.config import EngineConfig

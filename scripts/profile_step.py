@@ -2,7 +2,7 @@
 
 Profiles the benchmark's batch (32 requests of the bench workload) on a scattered pool with
 torch.profiler and prints a markdown table: each aten operation's self time per step and its
-share, with the part of the model it comes from. The README's benchmark section quotes it.
+share, with the part of the model it comes from. docs/benchmarks.md quotes it.
 """
 
 from __future__ import annotations

@@ -13,16 +13,12 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import openai
 
-import openai  # noqa: E402
-
-from minikv.serve.launch import ServerProcess  # noqa: E402
+from minikv.bench.report import p50_p99
+from minikv.serve.launch import ServerProcess
 
 MODEL = "tiny-llama"
 
@@ -46,10 +42,10 @@ async def load(url: str, key: str, clients: int, requests: int) -> dict:
         per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
         await asyncio.gather(*(client(api, i, n, latencies, wrong) for i, n in enumerate(per_client)))
         wall = time.perf_counter() - start
-    q = statistics.quantiles(latencies, n=100)
+    p50, p99 = p50_p99(latencies)
     return {"clients": clients, "requests": len(latencies), "wall_s": round(wall, 2),
-            "requests_per_s": round(len(latencies) / wall, 1), "p50_ms": round(1e3 * q[49], 1),
-            "p99_ms": round(1e3 * q[98], 1), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "requests_per_s": round(len(latencies) / wall, 1), "p50_ms": round(1e3 * p50, 1),
+            "p99_ms": round(1e3 * p99, 1), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main() -> int:

@@ -1,13 +1,10 @@
 """Soak test: push many requests through Engine and Cluster and print how much the process grew.
 
-A server keeps state per request only while the request lives, so after a warm-up its memory
-should stay flat however many requests pass through. Usage:
-
     python scripts/soak.py                      # 20,000 through Engine, 10,000 through Cluster
     python scripts/soak.py --engine 2000 --cluster 0 --event-log-limit 5000
 
-Runs against any minikv checkout on PYTHONPATH (it uses only submit and run), so the same
-script measures the code before and after a change.
+After a warm-up a server's memory should stay flat however many requests pass. Only submit and run are
+used, so the script measures any minikv checkout on PYTHONPATH, before and after a change.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The README's timing-attack figures: random PINs recovered from times to first token alone.
+"""docs/benchmarks.md's timing-attack figures: random PINs recovered from times to first token alone.
 
     python scripts/timing_probe_figures.py                    # 10 random 4-digit PINs, 3 salted runs
     python scripts/timing_probe_figures.py --pins 20 --digits 3
 
-Each PIN is a fresh `demo --scenario prefix-probe --preset vulnerable --oracle timing --alphabet
-digits` (the disaggregated pair at 1-token pages, PROBE_CONFIG); each salted run is the same with
-`--preset safe`. Prints one line per run, then the summary the README quotes, with the machine's
-load average before and after (other processes slow every burst alike; the test is on ranks).
+Each PIN is a fresh `demo --scenario prefix-probe --preset vulnerable --oracle timing --alphabet digits`, each
+salted run the same with `--preset safe`; one line per run, then the summary docs/benchmarks.md quotes, with
+the load average before and after (other processes slow every burst alike; the test is on ranks).
 """
 
 from __future__ import annotations
@@ -18,20 +17,13 @@ import statistics
 
 import torch
 
-from minikv.model.checkpoint import load_model
 from minikv.attacks.cached_tokens import AFTER_SECRET, KNOWN_PREFIX
 from minikv.attacks.scenarios import run_scenario
-from minikv.disagg.switches import SafetySwitches
 from minikv.attacks.timing import DIGITS
 from minikv.attacks.workload import SECRET_ALPHABET
-
-
-def positive(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+from minikv.cli import positive_int
+from minikv.disagg.switches import SafetySwitches
+from minikv.model.checkpoint import load_model
 
 
 def guesses_per_round(fill: int, symbols: int) -> int:
@@ -45,9 +37,9 @@ def load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pins", type=positive, default=10, help="random PINs to recover (one seed each)")
-    parser.add_argument("--digits", type=positive, default=4, help="digits per PIN")
-    parser.add_argument("--salted", type=positive, default=3, help="runs with the safe preset (cache_salt on)")
+    parser.add_argument("--pins", type=positive_int, default=10, help="random PINs to recover (one seed each)")
+    parser.add_argument("--digits", type=positive_int, default=4, help="digits per PIN")
+    parser.add_argument("--salted", type=positive_int, default=3, help="runs with the safe preset (cache_salt on)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(device="cpu")
@@ -79,6 +71,7 @@ def main() -> None:
         fill = page_size - len(KNOWN_PREFIX) % page_size
         print(f"page size {page_size}: the first round times {guesses_per_round(fill, len(DIGITS)):,} bursts per "
               f"cycle for digits, {guesses_per_round(fill, len(SECRET_ALPHABET)):,} for the full alphabet")
+
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ import torch
 
 from minikv.bench import systems
 from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
-from minikv.bench.report import BenchReport, SystemResult, p99, summarize
+from minikv.bench.report import BenchReport, median_run, p50_p99
 from minikv.bench.systems import Completion
 from minikv.bench.memory import contiguous_use, paged_use
 from minikv.model.checkpoint import to_hf_model
@@ -40,7 +40,7 @@ def tiny_random():
 def fake_report(**overrides) -> BenchReport:
     report = BenchReport("cpu (test)", "a test machine", "python -m minikv bench", 2, "one timed run per system")
     for name in ("hf_sequential", "hf_generate_batch", "minikv_paged", "pair_safe", "pair_vulnerable"):
-        report.results[name] = SystemResult(tokens=100, wall_s=1.0, ttft_p50_s=0.1, ttft_p99_s=0.2)
+        report.runs[name] = [systems.Run([Completion("x", 100)], [0.1, 0.2], 1.0)]
     report.step_s = {"paged": 0.011, "contiguous": 0.010}
     report.kv = {"paged": paged_use([97, 97], 4), "contiguous": contiguous_use([97, 97], 150),
                  "contiguous_window": contiguous_use([97, 97], 1000)}
@@ -97,7 +97,7 @@ def test_json_has_exactly_the_issue_keys():
 def test_json_reports_generate_batch_ratio_as_null_when_unavailable():
     """Without transformers' continuous batching the ratio is null, and the table says why."""
     report = fake_report(unavailable={"hf_generate_batch": "not in this version"})
-    del report.results["hf_generate_batch"]
+    del report.runs["hf_generate_batch"]
     assert report.to_json()["ratios"]["vs_hf_generate_batch"] is None
     assert "unavailable: not in this version" in report.table()
 
@@ -110,24 +110,21 @@ def test_ratios_pair_the_runs_of_each_repeat():
 
     safe, vulnerable = runs([1.0, 2.0, 10.0]), runs([0.9, 3.0, 9.0])
     report = fake_report(runs={"pair_safe": safe, "pair_vulnerable": vulnerable})
-    report.results["pair_safe"] = summarize(safe)
-    report.results["pair_vulnerable"] = summarize(vulnerable)
     assert report.results["pair_vulnerable"].wall_s / report.results["pair_safe"].wall_s == pytest.approx(1.5)
     assert report.ratios()["safe_over_vulnerable"] == pytest.approx(0.9)
 
 
 def test_ttft_percentiles_interpolate_between_neighbours():
-    """p99 of 0 and 10 is 9.9, of 1..101 it is 100, of one value that value; p50 is the median."""
-    assert p99([10.0, 0.0]) == pytest.approx(9.9) and p99([float(x) for x in range(1, 102)]) == 100.0
-    assert p99([0.25]) == 0.25
-    run = systems.Run([Completion("x", 10)], [0.4, 0.1, 0.2, 0.3], 1.0)
-    assert summarize([run]).ttft_p50_s == pytest.approx(0.25)
+    """p99 of 0 and 10 is 9.9, of 1..101 it is 100, of one value that value; p50 is the median; none of nothing."""
+    assert p50_p99([10.0, 0.0]) == (5.0, pytest.approx(9.9)) and p50_p99([float(x) for x in range(1, 102)])[1] == 100.0
+    assert p50_p99([0.25]) == (0.25, 0.25) and p50_p99([]) == (None, None)
+    assert p50_p99([0.4, 0.1, 0.2, 0.3])[0] == pytest.approx(0.25)
 
 
 def test_summarize_keeps_the_run_with_the_median_wall_time():
     """Of walls 3, 1, 2, 4 the run of wall 2 (the lower middle) stands for the system."""
     runs = [systems.Run([Completion("x", 10)], [0.1], wall) for wall in (3.0, 1.0, 2.0, 4.0)]
-    assert summarize(runs).wall_s == 2.0
+    assert median_run(runs).wall_s == 2.0
 
 
 def test_minikv_and_transformers_agree_on_a_random_model(tiny_random):

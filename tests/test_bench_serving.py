@@ -29,7 +29,7 @@ def test_paired_rounds_on_twin_servers(server, tmp_path):
     urls = {"minikv": (server.url, "tiny-llama"), "twin": (server.url, "tiny-llama")}
     report = run_serving(urls, bench_workload(3), [1, 4], rounds=2, command="test", say=lambda _: None)
     assert not report.mismatched
-    assert {c: len(r) for c, r in report.ratios.items()} == {1: 2, 4: 2}
+    assert {c: len(r) for c, r in report.ratios().items()} == {1: 2, 4: 2}
     assert [len(report.loads[("twin", c)][0].texts) for c in (1, 4)] == [3, 6]  # 4 clients: the 3 requests twice
     row = report.row("minikv", 4)
     assert row["errors"] == 0 and row["tokens_per_s"] > 0 and row["itl_p50_ms"] <= row["itl_p99_ms"]

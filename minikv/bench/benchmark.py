@@ -1,8 +1,7 @@
 """`python -m minikv bench`: minikv against transformers on one workload, same model, greedy.
 
-This file owns the workload, the equality check and the measurements (docs/benchmarks.md says
-what each one means); the runners are in systems.py, the table and JSON in report.py, the
-figure in plot.py, the roofline in roofline.py and the shared-prefix workload in prefix.py.
+The workload, the equality check and the measurements (docs/benchmarks.md says what each means);
+the runners are in systems.py, the table and JSON in report.py, the figure in plot.py.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
 from minikv.bench import prefix, systems
 from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
-from minikv.bench.report import BenchReport, describe_machine, summarize
+from minikv.bench.report import BenchReport, describe_machine
 from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.disagg.switches import SafetySwitches
@@ -50,8 +49,7 @@ def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
 
 def mismatches(reference: list[Completion], candidate: list[Completion]) -> list[int]:
     """Indices of the requests whose completion differs from the reference's."""
-    if len(reference) != len(candidate):
-        raise ValueError(f"{len(candidate)} completions for {len(reference)} requests")
+    assert len(reference) == len(candidate), f"{len(candidate)} completions for {len(reference)} requests"
     return [i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b]
 
 
@@ -71,12 +69,10 @@ def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], 
 
 
 @torch.inference_mode()
-def decode_step_seconds(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
-                        iters: int) -> dict[str, float]:
+def decode_step_seconds(model: Llama, prompts: list[list[int]], iters: int) -> dict[str, float]:
     """Median seconds of one decode step of the whole batch, each request at its prompt length, on a
     scattered pool and on a contiguous cache; both build their attention backend, run the forward, choose."""
-    device, prompts = model.device, systems.prompt_ids(tokenizer, workload)
-    lens = [len(p) for p in prompts]
+    device, lens = model.device, [len(p) for p in prompts]
     cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
     cache.seq_lens = list(lens)
     rows, last = list(range(len(lens))), torch.zeros(len(lens), dtype=torch.long, device=device)  # (B,)
@@ -149,16 +145,16 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         (", the checked run included" if settings.time_checked_run else ", after a warm-up and the checked run")
     report = BenchReport(device, machine, command, settings.num_requests, timing)
     workload = bench_workload(settings.num_requests, settings.seed)
+    prompts = systems.prompt_ids(tokenizer, workload)
     runners = system_runners(model, tokenizer, to_hf_model(model, tokenizer).to(model.device))
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
         report.runs = time_systems(runners, workload, settings, report, bar)
-        report.results = {name: summarize(runs) for name, runs in report.runs.items()}
         report.kv = kv_memory(tokenizer, workload, report.runs["hf_sequential"][-1].completions)
         bar.set_postfix_str("decode step")
-        report.step_s = decode_step_seconds(model, tokenizer, workload, settings.step_iters)
+        report.step_s = decode_step_seconds(model, prompts, settings.step_iters)
         bar.set_postfix_str("roofline")
-        report.roofline = measure_roofline(model, systems.prompt_ids(tokenizer, workload), PAGE_SIZE, settings.step_iters)
+        report.roofline = measure_roofline(model, prompts, PAGE_SIZE, settings.step_iters)
         bar.update()
         bar.set_postfix_str("shared prefixes")
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,
@@ -211,9 +207,9 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     started = time.perf_counter()
     report = run_bench(model, tokenizer, settings, " ".join(["python -m minikv bench", *(f for f, on in flags if on)]))
     if args.plot:
-        from minikv.bench.plot import save_figure
+        from minikv.bench.plot import bench_figure, save_figure
 
-        save_figure(report, args.plot)
+        save_figure(bench_figure(report), args.plot)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

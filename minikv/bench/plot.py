@@ -14,15 +14,20 @@ from minikv.bench.report import BenchReport
 HF, MINIKV, PAIR = "#9e9e9e", "#1f77b4", "#ff7f0e"
 
 
-def bench_figure(report: BenchReport):
-    """A matplotlib Figure of `report`."""
+def pyplot():
+    """matplotlib.pyplot, on the Agg backend unless one is chosen already: no display needed."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, (ax_tps, ax_kv, ax_roof, ax_sw) = plt.subplots(1, 4, figsize=(20, 4.8),
-                                                        gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
+    return plt
+
+
+def bench_figure(report: BenchReport):
+    """A matplotlib Figure of `report`."""
+    fig, (ax_tps, ax_kv, ax_roof, ax_sw) = pyplot().subplots(1, 4, figsize=(20, 4.8), layout="tight",
+                                                             gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
     main = [n for n in report.results if "+" not in n]  # not the single switches nor scrub_on_free
     tps = [report.results[n].tokens_per_s for n in main]
     colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
@@ -64,7 +69,6 @@ def bench_figure(report: BenchReport):
     ax_sw.set_xlabel("time relative to the vulnerable pair, above 1 slower\n(dashed: 1.11x, i.e. 0.9x the throughput)")
     ax_sw.set_title("what each safety switch costs (time)")
     fig.suptitle(report.machine, fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -105,10 +109,7 @@ def plot_path_problem(path: str | Path) -> str | None:
     return None
 
 
-def save_figure(report: BenchReport, path: str | Path) -> None:
-    """Write the figure; the format follows the file name (.png, .svg, .pdf)."""
-    import matplotlib.pyplot as plt
-
-    fig = bench_figure(report)
+def save_figure(fig, path: str | Path) -> None:
+    """Write a figure and close it; the format follows the file name (.png, .svg, .pdf)."""
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pyplot().close(fig)

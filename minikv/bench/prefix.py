@@ -1,21 +1,20 @@
 """The shared-prefix benchmark: many requests behind a few long system prompts.
 
-Each request is one of two applications' system prompts (a document of about 700 characters)
-followed by one tenant's short note. The paged engine serves it three ways (MODES): prefix
-caching `off`; `shared`, every tenant reusing the system prompt's pages; `cache_salt`, each tenant
-reusing only its own. All three must return the same completions before any time counts.
+Each request is one of two applications' system prompts (about 700 characters), then one tenant's
+short note. The paged engine serves it three ways (MODES): prefix caching `off`; `shared`, every
+tenant reusing the system prompt's pages; `cache_salt`, each tenant reusing only its own. All three
+must return the same completions before any time counts.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
-from minikv.bench.systems import BenchRequest, pages_to_hold, serve_all
+from minikv.bench.systems import BenchRequest, Run, pages_to_hold, paired_ratios, serve_all
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.model.llama import Llama
@@ -36,24 +35,11 @@ def shared_prefix_workload(num_requests: int = 32, num_tenants: int = 4, seed: i
             for app in (rng.choice(APPS) for _ in range(num_requests))]
 
 
-@dataclass
-class PrefixRun:
-    """One pass of the engine over the workload in one mode."""
-
-    texts: list[str]
-    tokens: int  # generated, EOS included
-    prompt_tokens: int
-    cached_tokens: int
-    wall_s: float
-
-
-def serve(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], mode: str) -> PrefixRun:
-    """The paged engine (audit and event log off) with a pool that holds the whole workload."""
+def serve(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], mode: str) -> Run:
+    """The paged engine (audit and event log off) in one of MODES, with a pool that holds the whole workload."""
     config = EngineConfig(num_pages=pages_to_hold(tokenizer, workload, 16), audit=False, event_log=False,
                           context_len=min(1024, model.config.max_position_embeddings), **MODES[mode])
-    run, out = serve_all(Engine(model, tokenizer, config), workload)
-    return PrefixRun([c.text for c in run.completions], run.tokens, sum(r.usage.prompt_tokens for r in out),
-                     sum(r.usage.cached_tokens for r in out), run.wall_s)
+    return serve_all(Engine(model, tokenizer, config), workload)
 
 
 def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int = 32, repeats: int = 3,
@@ -69,8 +55,8 @@ def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int 
         {m: serve(model, tokenizer, workload, m) for m in (MODES if r % 2 == 0 else reversed(MODES))} for r in range(repeats)]
 
     def figures(mode: str) -> dict[str, float]:
-        ratios = [(runs[mode].tokens / runs[mode].wall_s) / (runs["off"].tokens / runs["off"].wall_s) for runs in rounds]
-        return {"speedup": statistics.median(ratios), "prefill_tokens_saved": float(checked[mode].cached_tokens),
+        speedup = statistics.median(paired_ratios([runs[mode] for runs in rounds], [runs["off"] for runs in rounds]))
+        return {"speedup": speedup, "prefill_tokens_saved": float(checked[mode].cached_tokens),
                 "hit_rate": checked[mode].cached_tokens / checked[mode].prompt_tokens}
 
     return {**figures("shared"), "cache_salt": figures("cache_salt")}, equal

@@ -9,37 +9,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minikv.bench.roofline import Roofline
-from minikv.bench.systems import Run
 from minikv.bench.memory import KVMemoryUse
+from minikv.bench.roofline import Roofline
+from minikv.bench.systems import Run, paired_ratios
 
 
-@dataclass
-class SystemResult:
-    """One system's median run."""
-
-    tokens: int
-    wall_s: float
-    ttft_p50_s: float
-    ttft_p99_s: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s
+def p50_p99(values: list[float]) -> tuple[float, float] | tuple[None, None]:
+    """The median and the 99th percentile (interpolated between the two nearest values, numpy's default)."""
+    if len(values) < 2:  # statistics.quantiles wants two points before Python 3.13
+        return (values[0], values[0]) if values else (None, None)
+    return statistics.median(values), statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def p99(values: list[float]) -> float:
-    """The 99th percentile, interpolated between the two nearest values (numpy's default)."""
-    if len(values) == 1:  # statistics.quantiles wants two points before Python 3.13
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[98]
-
-
-def summarize(runs: list[Run]) -> SystemResult:
+def median_run(runs: list[Run]) -> Run:
     """The run with the median wall time (the lower middle one of an even count) stands for the system."""
     wall = statistics.median_low([r.wall_s for r in runs])
-    run = next(r for r in runs if r.wall_s == wall)
-    return SystemResult(run.tokens, run.wall_s, statistics.median(run.ttft_s), p99(run.ttft_s))
+    return next(r for r in runs if r.wall_s == wall)
 
 
 @dataclass
@@ -51,12 +36,11 @@ class BenchReport:
     command: str
     num_requests: int
     timing: str  # how the times were taken, for the table's first line
-    results: dict[str, SystemResult] = field(default_factory=dict)
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # system -> its timed runs, i-th from repeat i
     unavailable: dict[str, str] = field(default_factory=dict)  # system -> why it did not run
     mismatched: dict[str, list[int]] = field(default_factory=dict)  # system -> requests unlike the reference
     step_s: dict[str, float] = field(default_factory=dict)  # "paged", "contiguous"
     kv: dict[str, KVMemoryUse] = field(default_factory=dict)  # "paged", "contiguous", "contiguous_window"
-    runs: dict[str, list[Run]] = field(default_factory=dict)  # system -> its timed runs, i-th from repeat i
     prefix_cache: dict | None = None  # bench/prefix.py: speedup, prefill_tokens_saved, hit_rate, cache_salt
     prefix_outputs_equal: bool = True  # the shared-prefix workload gave the same completions in every mode
     roofline: Roofline | None = None  # the decode and prefill steps against the matmul rate of their shapes
@@ -65,15 +49,17 @@ class BenchReport:
     def outputs_equal(self) -> bool:
         return not any(self.mismatched.values()) and self.prefix_outputs_equal
 
+    @property
+    def results(self) -> dict[str, Run]:
+        """Each system's median run."""
+        return {name: median_run(runs) for name, runs in self.runs.items()}
+
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (runs
-        seconds apart, which a drifting host slows alike; the ratio of two medians mixes runs minutes apart)."""
-        if of not in self.results or over not in self.results:
+        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (the ratio
+        of two medians would mix runs minutes apart)."""
+        if of not in self.runs or over not in self.runs:
             return None
-        pairs = list(zip(self.runs.get(of, []), self.runs.get(over, [])))
-        if not pairs:
-            return self.results[of].tokens_per_s / self.results[over].tokens_per_s
-        return statistics.median([(a.tokens / a.wall_s) / (b.tokens / b.wall_s) for a, b in pairs])
+        return statistics.median(paired_ratios(self.runs[of], self.runs[over]))
 
     def ratios(self) -> dict[str, float | None]:
         return {
@@ -100,11 +86,12 @@ class BenchReport:
         lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]
-        for name, res in self.results.items():
+        for name, run in self.results.items():
             bad = self.mismatched.get(name, [])
             same = "yes" if not bad else f"no ({self.num_requests - len(bad)}/{self.num_requests})"
-            lines.append(f"| {name} | {res.tokens_per_s:,.0f} | {self.speedup('hf_sequential', of=name):.2f}x | "
-                         f"{res.ttft_p50_s * 1e3:,.0f} | {res.ttft_p99_s * 1e3:,.0f} | {same} |")
+            p50, p99 = p50_p99(run.ttft_s)
+            lines.append(f"| {name} | {run.tokens_per_s:,.0f} | {self.speedup('hf_sequential', of=name):.2f}x | "
+                         f"{p50 * 1e3:,.0f} | {p99 * 1e3:,.0f} | {same} |")
         lines += [f"| {name} | unavailable: {why} | | | | |" for name, why in self.unavailable.items()]
         labels = {"paged": "paged pool: whole pages", "paged_half_pages": "paged pool, pages half as large",
                   "contiguous": "contiguous: a row of prompt + max_tokens",

@@ -1,10 +1,7 @@
 """How close one engine step gets to the machine: its FLOP rate against plain matmuls of the same shapes.
 
-A step's useful work is its matrix products: every linear layer of every token that runs, the
-attention of each query over the keys it may see, and the vocabulary projection of the tokens
-whose logits are kept (`forward_flops`). The "roof" is the rate of those linear layers' matmuls
-alone, at the same shapes, in the same run (`linear_layers_only`): a step that reached it would
-spend no time on gathers, softmax, norms, Python or launches.
+`forward_flops` counts a step's useful work; `linear_layers_only` is the roof, the linear layers' matmuls
+alone at the same shapes in the same run (docs/benchmarks.md, "the roofline").
 """
 
 from __future__ import annotations
@@ -47,13 +44,9 @@ class Roofline:
 
 def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_logits: int,
                   last_keys: int | None = None) -> int:
-    """Multiply-adds x 2 of one forward over `num_tokens` new tokens.
-
-    `attended_keys`: the (query, key) pairs attention computes, summed over the batch (a decode
-    query over S tokens is S pairs; a causal prompt of T tokens is T(T+1)/2). `last_keys`: the
-    pairs of a last layer that runs only the `num_logits` kept rows (`last_layer_on_logits_only`):
-    it runs its qkv projection for every token (K and V are kept), the rest for those rows only.
-    """
+    """Multiply-adds x 2 of one forward over `num_tokens` new tokens. `attended_keys`: the (query, key) pairs
+    attention computes over the batch (S for a decode query over S tokens, T(T+1)/2 for a causal prompt of T).
+    `last_keys`: those of a last layer that runs qkv for every token, the rest only for the `num_logits` rows."""
     h, d = config.hidden_size, config.head_dim
     qkv, o = h * (config.num_heads + 2 * config.num_kv_heads) * d, config.num_heads * d * h
     mlp = h * 2 * config.intermediate_size + config.intermediate_size * h  # gate_up, down
@@ -132,12 +125,8 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
 
 
 def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Roofline:
-    """The batch `prompts`: one decode step after them and a prefill of them all, each against its matmuls.
-
-    On a CPU both are timed by this thread's CPU time: on a shared host a step's wall time includes
-    waiting for a core (a 6 ms decode step took 22 ms at a load of 10 on 2 cores), and a long step
-    waits more often than a short burst of matmuls. A GPU's work is timed by the wall clock.
-    """
+    """The batch `prompts`: one decode step after them and a prefill of them all, each against its matmuls, by
+    this thread's CPU time on a CPU (a wall clock counts the waits for a core on a shared host), wall time on a GPU."""
     config, lens = model.config, [len(p) for p in prompts]
     clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
     rates = []

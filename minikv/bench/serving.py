@@ -1,19 +1,9 @@
 """`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests.
 
-Both servers run at the same time on loopback, with the same model, context window and pool
-size (minikv: `--num-pages N` of 16 tokens; vLLM: the same tokens in blocks of 32). The clients
-are asyncio tasks of one process, each streaming greedy completions through httpx, as a gateway
-would; at C clients the workload (bench's, 32 requests) is repeated until there are C requests,
-or at least once (128 clients: the 32 four times, all at once).
-
-1. every server answers the workload once; the texts must match request by request, or nothing
-   is timed (a server that is fast and wrong has no throughput);
-2. paired rounds: in each round every client count runs on both servers back to back, the order
-   alternating from one pairing to the next; a ratio minikv / vLLM is taken within each pair;
-3. the report: per server and client count, the median tokens/s over rounds, TTFT and
-   inter-token latency (each request's mean time per output token after the first) at p50 and
-   p99 over all rounds' requests, errors, outputs equal; the ratios' median and range; the load
-   average (1 minute) at each pairing, since both servers share the machine with everything else.
+Both servers run at once on loopback with the same model, window and pool; asyncio clients stream
+greedy completions through httpx. Every server answers the workload once and the texts must match
+before anything is timed; then paired rounds, the order alternating from one pairing to the next
+(docs/benchmarks.md says what each figure means).
 """
 
 from __future__ import annotations
@@ -30,8 +20,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from minikv.bench.report import p99
-from minikv.bench.systems import BenchRequest
+from minikv.bench.report import p50_p99
+from minikv.bench.systems import BenchRequest, Completion, Run, paired_ratios
 
 CLIENT_COUNTS = (1, 8, 32, 128)
 
@@ -49,29 +39,12 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: run_serving_command(args) if args.serve else bench(args))
 
 
-@dataclass
-class Load:
-    """One server's pass over the requests at some client count."""
-
-    texts: list[str | None]  # None: the request failed
-    tokens: int
-    wall_s: float
-    ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)  # per request: (last token - first) / (tokens - 1)
-    errors: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s
-
-
 async def stream_one(http: httpx.AsyncClient, url: str, model: str,
-                     request: BenchRequest) -> tuple[str, int, float | None, float | None] | None:
-    """One streamed greedy completion: (text, completion tokens, TTFT, inter-token latency); None on failure.
+                     request: BenchRequest) -> tuple[Completion, float | None, float | None] | None:
+    """One streamed greedy completion: (completion, TTFT, inter-token latency); None on failure.
 
-    The inter-token latency is the request's mean: from its first text to its last event with a
-    choice (the finish), over the tokens between. Gaps between events would not do: under load
-    many tokens' events can arrive at once (vLLM's often come in one burst at the end of the reply).
+    The latency is the request's mean from its first text to its last event with a choice: under load many
+    tokens' events arrive at once (vLLM's often in one burst at the end), so gaps between events would not do.
     """
     body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -94,10 +67,10 @@ async def stream_one(http: httpx.AsyncClient, url: str, model: str,
             usage = event.get("usage") or usage
     tokens = usage.get("completion_tokens", 0)
     itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
-    return "".join(text), tokens, first - start if first is not None else None, itl
+    return Completion("".join(text), tokens), first - start if first is not None else None, itl
 
 
-async def run_load(url: str, model: str, requests: list[BenchRequest], clients: int, key: str | None = None) -> Load:
+async def run_load(url: str, model: str, requests: list[BenchRequest], clients: int, key: str | None = None) -> Run:
     """`clients` tasks take the requests in order from one queue until none is left (with bearer `key`, if any)."""
     results: list = [None] * len(requests)
     todo = iter(range(len(requests)))
@@ -116,13 +89,16 @@ async def run_load(url: str, model: str, requests: list[BenchRequest], clients: 
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
     done = [r for r in results if r is not None]
-    return Load([r[0] if r else None for r in results], sum(r[1] for r in done), wall,
-                [r[2] for r in done if r[2] is not None], [r[3] for r in done if r[3] is not None], len(results) - len(done))
+    return Run([r[0] if r else None for r in results], [r[1] for r in done if r[1] is not None], wall,
+               [r[2] for r in done if r[2] is not None])
 
 
-def requests_for(workload: list[BenchRequest], clients: int) -> list[BenchRequest]:
+def requests_for(workload: list, clients: int) -> list:
     """The workload repeated until there is a request per client (at least once)."""
     return workload * max(1, -(-clients // len(workload)))
+
+
+LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")  # per server and client count
 
 
 @dataclass
@@ -133,28 +109,32 @@ class ServingReport:
     clients: list[int]
     rounds: int
     command: str
-    loads: dict[tuple[str, int], list[Load]] = field(default_factory=dict)
-    ratios: dict[int, list[float]] = field(default_factory=dict)  # first server / second, one per round
-    load_avg: list[float] = field(default_factory=list)
+    loads: dict[tuple[str, int], list[Run]] = field(default_factory=dict)
+    load_avg: list[float] = field(default_factory=list)  # 1 minute, at each pairing
     mismatched: list[int] = field(default_factory=list)  # request indices whose text differs between servers
 
     def row(self, server: str, clients: int) -> dict:
         loads = self.loads[(server, clients)]
-        ttft, itl = [t for x in loads for t in x.ttft_s], [t for x in loads for t in x.itl_s]
+        ttft = p50_p99([t for x in loads for t in x.ttft_s])
+        itl = p50_p99([t for x in loads for t in x.itl_s])
         return {"tokens_per_s": statistics.median(x.tokens_per_s for x in loads),
-                "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None, "ttft_p99_ms": 1e3 * p99(ttft) if ttft else None,
-                "itl_p50_ms": 1e3 * statistics.median(itl) if itl else None, "itl_p99_ms": 1e3 * p99(itl) if itl else None,
-                "errors": sum(x.errors for x in loads)}
+                **{key: None if s is None else 1e3 * s for key, s in zip(LATENCIES, (*ttft, *itl))},
+                "errors": sum(x.completions.count(None) for x in loads)}
+
+    def ratios(self) -> dict[int, list[float]]:
+        """Per client count, the first server's tokens/s over the second's, one ratio per pairing."""
+        if len(self.servers) != 2 or not self.loads:
+            return {}
+        return {c: paired_ratios(*(self.loads[(s, c)] for s in self.servers)) for c in self.clients}
 
     def to_json(self) -> dict:
+        ratios = {c: {"median": statistics.median(r), "min": min(r), "max": max(r)} for c, r in self.ratios().items()}
         return {"servers": self.servers, "rounds": self.rounds,
-                "results": {f"{s}@{c}": self.row(s, c) for s in self.servers for c in self.clients},
-                "ratios": {c: {"median": statistics.median(r), "min": min(r), "max": max(r)} for c, r in self.ratios.items()},
+                "results": {f"{s}@{c}": self.row(s, c) for s in self.servers for c in self.clients}, "ratios": ratios,
                 "load_avg_1min": {"min": min(self.load_avg), "max": max(self.load_avg)}, "outputs_equal": not self.mismatched}
 
     def table(self) -> str:
         j = self.to_json()
-        ms = lambda v: "-" if v is None else f"{v:,.1f}"  # noqa: E731
         lines = [f"`{self.command}`: {j['rounds']} paired rounds, load average (1 min) {j['load_avg_1min']['min']:.1f}-"
                  f"{j['load_avg_1min']['max']:.1f}; outputs equal between the servers: "
                  f"{'yes' if j['outputs_equal'] else f'no (requests {self.mismatched})'}.", "",
@@ -163,8 +143,8 @@ class ServingReport:
         for c in self.clients:
             for s in self.servers:
                 r = j["results"][f"{s}@{c}"]
-                lines.append(f"| {c} | {s} | {r['tokens_per_s']:,.0f} | {ms(r['ttft_p50_ms'])} | {ms(r['ttft_p99_ms'])} | "
-                             f"{ms(r['itl_p50_ms'])} | {ms(r['itl_p99_ms'])} | {r['errors']} |")
+                times = " | ".join("-" if r[key] is None else f"{r[key]:,.1f}" for key in LATENCIES)
+                lines.append(f"| {c} | {s} | {r['tokens_per_s']:,.0f} | {times} | {r['errors']} |")
             if c in j["ratios"]:
                 q = j["ratios"][c]
                 lines.append(f"| {c} | **{' / '.join(self.servers)}** | **{q['median']:.2f}x** ({q['min']:.2f}-{q['max']:.2f}) "
@@ -184,25 +164,23 @@ def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], 
     report.mismatched = sorted({i for texts in checked.values() for i, t in enumerate(texts) if t is None or t != reference[i]})
     if report.mismatched:
         return report
-    pairing = 0
-    for r in range(rounds):
-        for c in clients:
-            order = report.servers if pairing % 2 == 0 else report.servers[::-1]
-            pairing += 1
-            report.load_avg.append(os.getloadavg()[0])
-            for name in order:
-                load = asyncio.run(run_load(*urls[name], requests_for(workload, c), c))
-                n = len(workload)
-                wrong = {i % n for i, t in enumerate(load.texts) if t is not None and t != reference[i % n]}
-                report.mismatched = sorted(set(report.mismatched) | wrong)  # failures count as errors
-                report.loads.setdefault((name, c), []).append(load)
-            if len(urls) == 2:
-                a, b = (report.loads[(s, c)][-1].tokens_per_s for s in report.servers)
-                report.ratios.setdefault(c, []).append(a / b)
-            say(f"round {r + 1}/{rounds}, {c} clients: " + ", ".join(
-                f"{s} {report.loads[(s, c)][-1].tokens_per_s:,.0f} tokens/s" for s in report.servers)
-                + f" (load average {report.load_avg[-1]:.1f})")
+    for pairing in range(rounds * len(clients)):
+        c = clients[pairing % len(clients)]
+        report.load_avg.append(os.getloadavg()[0])
+        for name in report.servers if pairing % 2 == 0 else report.servers[::-1]:
+            load = asyncio.run(run_load(*urls[name], requests_for(workload, c), c))
+            wrong = {i % len(workload) for i, (t, want) in enumerate(zip(load.texts, requests_for(reference, c)))
+                     if t is not None and t != want}
+            report.mismatched = sorted(set(report.mismatched) | wrong)  # failures count as errors
+            report.loads.setdefault((name, c), []).append(load)
+        say(f"round {pairing // len(clients) + 1}/{rounds}, {c} clients: " + ", ".join(
+            f"{s} {report.loads[(s, c)][-1].tokens_per_s:,.0f} tokens/s" for s in report.servers)
+            + f" (load average {report.load_avg[-1]:.1f})")
     return report
+
+
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
@@ -210,9 +188,9 @@ def run_serving_command(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import bench_workload
     from minikv.bench.plot import plot_path_problem
     from minikv.cli import CliError
-    from minikv.serve.peer_venv import PeerError, installed
-    from minikv.serve.peer import PeerServer
     from minikv.serve.launch import ServerProcess, ServerStartError
+    from minikv.serve.peer import PeerServer
+    from minikv.serve.peer_venv import PeerError, installed
 
     try:
         clients = [int(c) for c in args.clients.split(",")]
@@ -221,28 +199,25 @@ def run_serving_command(args: argparse.Namespace) -> int:
     if min(clients) < 1 or args.rounds < 1 or args.num_pages < 2 or args.num_pages % 2 or args.context_len < 2:
         raise CliError("--clients, --rounds must be >= 1, --context-len >= 2 and --num-pages even (vLLM's CPU blocks "
                        "hold 32 tokens)")
-    problem = plot_path_problem(args.plot) if args.plot else None
-    if problem:
+    if args.plot and (problem := plot_path_problem(args.plot)):
         raise CliError(f"--plot {args.plot}: {problem}")
-    say = (lambda line: print(line, file=sys.stderr, flush=True))
-    workload = bench_workload(args.requests, args.seed)
     pool = ["--num-pages", str(args.num_pages), "--context-len", str(args.context_len), "--threads", str(args.threads)]
     with ExitStack() as stack:
         try:
             minikv = stack.enter_context(ServerProcess([*pool, *(["--model", args.model] if args.model else [])]))
             urls = {"minikv": (minikv.url, minikv.health()["model"])}
             if installed("vllm") and not args.no_peer:
-                say("starting vLLM (a few minutes) ...")
+                to_stderr("starting vLLM (a few minutes) ...")
                 vllm = stack.enter_context(PeerServer(model_dir=args.model, num_pages=args.num_pages,
                                                       context_len=args.context_len))
                 urls["vllm"] = (vllm.url, vllm.model)
             else:
-                say("vLLM is not set up (python -m minikv peer setup vllm): minikv alone")
+                to_stderr("vLLM is not set up (python -m minikv peer setup vllm): minikv alone")
         except (ServerStartError, PeerError) as e:
             raise CliError(str(e).splitlines()[0][:300]) from None
         command = (f"python -m minikv bench --serve --clients {args.clients} --rounds {args.rounds} "
                    f"--num-pages {args.num_pages} --context-len {args.context_len}")
-        report = run_serving(urls, workload, clients, args.rounds, command, say)
+        report = run_serving(urls, bench_workload(args.requests, args.seed), clients, args.rounds, command, to_stderr)
     if report.mismatched and not report.loads:
         print(f"the servers' texts differ on requests {report.mismatched}: nothing was timed", file=sys.stderr)
         return 1
@@ -254,18 +229,15 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 def save_serving_figure(report: ServingReport, path: str) -> None:
     """Tokens/s and TTFT p99 against concurrent clients, one line per server; the ratio with its range."""
-    import matplotlib
+    from minikv.bench.plot import pyplot, save_figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3 if report.ratios else 2, figsize=(13 if report.ratios else 9, 3.4))
+    ratios = report.to_json()["ratios"]
+    fig, axes = pyplot().subplots(1, 3 if ratios else 2, figsize=(13 if ratios else 9, 3.4), layout="tight")
     for name in report.servers:
         rows = [report.row(name, c) for c in report.clients]
         for ax, key in zip(axes, ("tokens_per_s", "ttft_p99_ms")):
             ax.plot(report.clients, [r[key] or 0 for r in rows], marker="o", label=name)
-    if report.ratios:
-        ratios = report.to_json()["ratios"]
+    if ratios:
         mid = [ratios[c]["median"] for c in report.clients]
         spread = [[m - ratios[c]["min"] for c, m in zip(report.clients, mid)],
                   [ratios[c]["max"] - m for c, m in zip(report.clients, mid)]]
@@ -279,9 +251,6 @@ def save_serving_figure(report: ServingReport, path: str) -> None:
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
-    load = report.to_json()["load_avg_1min"]
     fig.suptitle(f"{report.rounds} paired rounds over HTTP, same model, pool and window; "
-                 f"load average {load['min']:.1f}-{load['max']:.1f}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+                 f"load average {min(report.load_avg):.1f}-{max(report.load_avg):.1f}", fontsize=9)
+    save_figure(fig, path)

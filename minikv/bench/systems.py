@@ -1,22 +1,15 @@
 """The systems the benchmark races, each a function of the workload that returns a `Run`.
 
 A run is timed from the moment the whole workload is handed over until the last token; setup
-(building an engine, starting transformers' batching thread) is not timed, for any system. Every
-runner decodes greedily, so every runner must return the same completions: benchmark.py checks
-that before it reports any time.
-
-    hf_sequential       transformers `generate`, one request at a time (its default cache): the reference
-    hf_generate_batch   transformers' continuous batching (the manager `generate_batch` wraps)
-    minikv_contiguous   static batch, one max-length row per request (notebook 01's contiguous cache)
-    minikv_paged        the paged engine (engine/engine.py)
-    pair                the disaggregated prefill/decode pair under some safety switches
+(building an engine, starting transformers' batching thread) is not timed. Every runner decodes
+greedily, so all must return the same completions; docs/benchmarks.md names them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 
 import torch
@@ -28,7 +21,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.front_door import FrontDoor
-from minikv.engine.request import Request, Response
+from minikv.engine.request import Request
 from minikv.model.contiguous_cache import ContiguousCache
 from minikv.model.llama import Llama
 from minikv.model.tokenizer import decode, encode_text
@@ -53,15 +46,31 @@ class Completion:
 
 @dataclass
 class Run:
-    """One pass of one system over the workload."""
+    """One pass of one system over the workload; a completion is None where its request failed."""
 
-    completions: list[Completion]
-    ttft_s: list[float]  # per request, from the moment the workload was handed over
+    completions: list[Completion | None]
+    ttft_s: list[float]  # per request answered, from the moment the workload was handed over
     wall_s: float
+    itl_s: list[float] = field(default_factory=list)  # over HTTP, per request: (last token - first) / (tokens - 1)
+    prompt_tokens: int = 0  # the engine's usage, summed over the requests
+    cached_tokens: int = 0
 
     @property
     def tokens(self) -> int:
-        return sum(c.tokens for c in self.completions)
+        return sum(c.tokens for c in self.completions if c)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def texts(self) -> list[str | None]:
+        return [c.text if c else None for c in self.completions]
+
+
+def paired_ratios(of: list[Run], over: list[Run]) -> list[float]:
+    """`of`'s tokens/s over `over`'s, run by run: two runs seconds apart, which a drifting host slows alike."""
+    return [a.tokens_per_s / b.tokens_per_s for a, b in zip(of, over)]
 
 
 def completion(tokenizer: PreTrainedTokenizerBase, ids: list[int], max_tokens: int) -> Completion:
@@ -89,15 +98,14 @@ def greedy_config(tokenizer: PreTrainedTokenizerBase, max_new_tokens: int) -> Ge
 
 
 class FirstTokenClock(BaseStreamer):
-    """A streamer that only notes when the first generated tokens arrive (the prompt comes first)."""
+    """A streamer that notes when the first generated tokens arrive (the prompt comes first)."""
 
     def __init__(self) -> None:
-        self.calls, self.first_token_at = 0, None
+        self.arrivals: list[float] = []
 
     def put(self, value) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first_token_at = time.perf_counter()
+        if len(self.arrivals) < 2:
+            self.arrivals.append(time.perf_counter())
 
     def end(self) -> None:
         pass
@@ -114,17 +122,16 @@ def hf_sequential(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work
         out = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=greedy_config(tokenizer, req.max_tokens),
                           streamer=clock)
         completions.append(completion(tokenizer, out[0, len(ids):].tolist(), req.max_tokens))
-        ttft.append(clock.first_token_at - start)
+        ttft.append(clock.arrivals[1] - start)
     return Run(completions, ttft, time.perf_counter() - start)
 
 
 @torch.inference_mode()
 def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                       page_size: int = 16) -> Run:
-    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request (it
-    takes a max_new_tokens per request, `generate_batch` one for all). Its KV cache is sized for the
-    workload (on a CPU it would ask psutil), prefix sharing is off, and the clock runs only while its
-    thread does. A fresh manager each run: a cached one keeps the size of its first workload."""
+    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request (it takes a
+    max_new_tokens per request). Its KV cache fits the workload (on a CPU it would ask psutil), prefix sharing is
+    off, the clock runs while its thread does; a fresh manager each run (a cached one keeps its first size)."""
     prompts = prompt_ids(tokenizer, workload)
     cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages_to_hold(tokenizer, workload, page_size)
                                          + len(workload), max_batch_tokens=2048, allow_block_sharing=False)
@@ -185,7 +192,7 @@ def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload
     return Run([completion(tokenizer, ids, m) for ids, m in zip(outputs, budgets)], first_token_s, wall)
 
 
-def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> tuple[Run, list[Response]]:
+def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> Run:
     """Hand a front door the whole workload at once and run it to the end; every answer must be a 200."""
     start = time.perf_counter()
     ids = [door.submit(Request(r.prompt, r.tenant, r.max_tokens)) for r in workload]
@@ -195,8 +202,9 @@ def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> tuple[Run, list[
     bad = [r for r in responses if r.status != HTTPStatus.OK]
     if bad:
         raise RuntimeError(f"{type(door).__name__} answered {bad[0].status} to a benchmark request: {bad[0].error}")
-    completions = [Completion(r.text, r.usage.completion_tokens) for r in responses]
-    return Run(completions, [r.ttft_s for r in responses], wall), responses
+    return Run([Completion(r.text, r.usage.completion_tokens) for r in responses], [r.ttft_s for r in responses], wall,
+               prompt_tokens=sum(r.usage.prompt_tokens for r in responses),
+               cached_tokens=sum(r.usage.cached_tokens for r in responses))
 
 
 def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
@@ -204,7 +212,7 @@ def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: lis
     """The paged engine, with audit and event log off, and a pool that holds the whole workload."""
     config = EngineConfig(page_size=page_size, num_pages=pages_to_hold(tokenizer, workload, page_size),
                           audit=False, event_log=False)
-    return serve_all(Engine(model, tokenizer, config, scrub_on_free=scrub_on_free), workload)[0]
+    return serve_all(Engine(model, tokenizer, config, scrub_on_free=scrub_on_free), workload)
 
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
@@ -215,4 +223,4 @@ def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchR
     config = ClusterConfig(page_size=page_size, prefill_pages=128,
                            decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
                            transfer_pages_per_tick=64, audit=False, event_log=False)
-    return serve_all(Cluster(model, tokenizer, config, switches), workload)[0]
+    return serve_all(Cluster(model, tokenizer, config, switches), workload)

@@ -1,8 +1,4 @@
-"""The distributed KV transfer measured over loopback, and the harness that runs a bare pair.
-
-`run_pair(worker, args, timeout_s)` spawns rank 0 (prefill, the sender) and rank 1 (decode, the
-receiver), each with a gloo process group over loopback and the bootstrap `TCPStore`, and kills
-both past `timeout_s`, so a lost message never hangs the caller; each worker's dict comes back
+"""The distributed KV transfer measured over loopback, and `run_pair`, the harness that runs a bare pair
 (tests/test_transfer_protocol.py drives the protocol through it).
 
     python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
@@ -50,7 +46,8 @@ def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, dead
 
 
 def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """Run `worker(rank, store, deadline, args)` in two processes; (prefill result, decode result)."""
+    """Run `worker(rank, store, deadline, args)` as rank 0 (prefill, the sender) and rank 1 (decode), each with gloo
+    over loopback and the bootstrap TCPStore, both killed past `timeout_s`; (prefill result, decode result)."""
     with tempfile.TemporaryDirectory() as out_dir:
         deadline = time.time() + timeout_s
         ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)
@@ -124,23 +121,22 @@ def measure(pages_per_room: int, rooms: int, page_size: int = 16, timeout_s: flo
 def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
     """Median time to first token of the same greedy requests through the in-process Cluster and
     through DistCluster (two worker processes, the front door's queues included)."""
+    from minikv.bench.systems import BenchRequest, serve_all
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.dist.cluster import DistCluster
     from minikv.disagg.switches import SafetySwitches
-    from minikv.engine.request import Request
     from minikv.model.checkpoint import load_model
 
     model, tokenizer = load_model(device="cpu")
     config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches()
+    workload = [BenchRequest(f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4), max_tokens,
+                             f"tenant-{i % 3}") for i in range(num_requests)]
     result = {"requests": num_requests, "max_tokens": max_tokens}
     for name, door in (("in_process", lambda: Cluster(model, tokenizer, config, switches)),
                        ("dist_cluster", lambda: DistCluster(tokenizer, config, switches))):
         pair = door()
         try:
-            for i in range(num_requests):
-                prompt = f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4)
-                pair.submit(Request(prompt, f"tenant-{i % 3}", max_tokens))
-            result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(r.ttft_s for r in pair.run()), 2)
+            result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(serve_all(pair, workload).ttft_s), 2)
         finally:
             pair.close()
     return result

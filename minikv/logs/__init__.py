@@ -1,6 +1,3 @@
-"""Gateway logs: what a customer holds of every call, and the checklist that scans them.
-
-- `gateway_log.py`: the log's schema, a reader that never raises on a bad line, and a seeded
-  synthetic log of a fictional customer (`data/gateway_logs.jsonl.gz`);
-- `scan.py`: the disclosure's customer checklist plus the warning signs (`scan-logs`).
-"""
+"""Gateway logs (docs/logs.md): the schema and a synthetic log (`gateway_log.py`), the reader of plain or gzip
+lines (`line_reader.py`) and of ISO 8601 times (`timestamp.py`), and `scan-logs`, the disclosure's checklist
+plus the warning signs (`scan.py`)."""

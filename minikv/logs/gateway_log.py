@@ -1,10 +1,7 @@
-"""The gateway log: what a customer holds of every call, how minikv reads it, and a synthetic one.
+"""The gateway log: one JSON object per call, what a customer holds of the service (docs/logs.md).
 
-A gateway (the proxy a customer puts in front of an inference API) writes one JSON object per
-call: the only record a customer has of what the service did, so detection starts here
-(notebook 08). `iter_log` streams a log and never raises on a bad line (`line_reader.py` makes
-the lines, `timestamp.py` reads the times); `write_gateway_log` writes a fictional customer's
-August and September 2026 from a seed, with the incident inside it.
+`iter_log` streams a log and never raises on a bad line; `write_gateway_log` writes a fictional
+customer's August and September 2026 from a seed, with the incident inside it.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 
@@ -34,8 +32,7 @@ INCIDENT_LAST_DAY = date(2026, 9, 9)  # window end, UTC, inclusive
 PREFILL_POOL_TOKENS = 681_280  # every affected call's prompt was longer than this
 CONTEXT_WINDOW_TOKENS = 1_048_576  # what the model was advertised to accept
 
-# Field -> the JSON types it may hold, in the order a gateway writes them. A count may be a float only
-# when whole (some writers emit 681281.0); bool is refused by hand: JSON true is not a count.
+# Field -> the JSON types it may hold, in the order a gateway writes them (a whole float is a count, true is not).
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "timestamp": (str,), "request_id": (str,), "account": (str,), "model": (str,), "prompt_tokens": (int, float),
     "completion_tokens": (int, float), "ttft_ms": (int, float), "status": (int,), "response_text": (str,)}
@@ -134,10 +131,8 @@ def parse_lines(lines: Iterable[bytes | str | OverlongLine]) -> Iterator[Gateway
 
 
 def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
-    """Stream a log's records and malformed lines (`path` '-' is stdin, plain or gzip).
-
-    Raises LogReadError when the log cannot be opened, TruncatedLog after the last line it could read.
-    """
+    """Stream a log's records and malformed lines (`path` '-' is stdin, plain or gzip). LogReadError when it
+    cannot be opened, TruncatedLog after the last line it could read."""
     with open_log(path) as stream:
         yield from parse_lines(read_lines(stream, source_name(path)))
 
@@ -147,8 +142,7 @@ def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
 LOG_START = datetime(2026, 8, 1, tzinfo=timezone.utc)
 LOG_END = datetime(2026, 10, 1, tzinfo=timezone.utc)
 BUG_START = datetime(2026, 8, 27, tzinfo=timezone.utc)
-# The status page's "increased errors" window. The disclosure says the model was taken private that
-# day and restored, fixed, the same evening; that it was down for exactly this window is our log's choice.
+# The status page's "increased errors" window; that the model was down for exactly this window is our log's choice.
 OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)
 OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)
 DEFAULT_ROWS = 40_000
@@ -176,7 +170,6 @@ MODELS = (
     ModelProfile("@cf/qwen/qwen3-30b-a3b-fp8", 0.15, 131_072, (30_000, 45_000), 0.0),
     ModelProfile("@cf/mistralai/mistral-small-3.1-24b-instruct", 0.10, 131_072, (25_000, 35_000), 0.0),
 )
-MODEL_WEIGHTS = tuple(m.share for m in MODELS)
 REPLIES = (
     "Clause {n} caps liability at the fees paid in the previous twelve months.",
     "The agreement renews automatically unless either party gives {n} days' notice.",
@@ -247,7 +240,7 @@ def simulate_call(rng: random.Random, when: datetime, model: ModelProfile, accou
 
 def _ordinary_call(rng: random.Random, when: datetime) -> dict:
     """One call of the customer's everyday traffic."""
-    model = rng.choices(MODELS, MODEL_WEIGHTS)[0]
+    model = rng.choices(MODELS, [m.share for m in MODELS])[0]
     account = rng.choices(ACCOUNTS, ACCOUNT_WEIGHTS)[0]
     if rng.random() < model.long_share:
         prompt_tokens = rng.randint(200_000, model.context_tokens)
@@ -263,34 +256,29 @@ def _dump(record: dict) -> str:
 def _special_lines(rng: random.Random) -> list[tuple[datetime, str]]:
     """The checklist's edges, placed on purpose, and the untidiness of real logs."""
     glm, scout, llama, qwen = MODELS[:4]
-    at = lambda *a: datetime(*a, tzinfo=timezone.utc)  # noqa: E731
-    edges = [
-        (at(2026, 8, 26, 23, 59, 59), glm, 900_000),  # the day before the window
-        (at(2026, 8, 27, 0, 0, 0), glm, 700_001),  # the window's first second
-        (at(2026, 9, 2, 10, 15), glm, PREFILL_POOL_TOKENS),  # exactly the pool: not above it
-        (at(2026, 9, 2, 10, 20), glm, PREFILL_POOL_TOKENS + 1),
-        (at(2026, 9, 4, 9, 30), scout, 900_000),  # another model
-        (at(2026, 9, 9, 23, 59, 59), glm, 800_000),  # the window's last second
-        (at(2026, 9, 10, 0, 0, 0), glm, 800_000),  # the day after
+    prod, dev, at = ACCOUNTS[0], ACCOUNTS[2], partial(datetime, tzinfo=timezone.utc)
+    calls = [  # (when, model, account, prompt_tokens, what the writer put in place of the call's own fields)
+        (at(2026, 8, 26, 23, 59, 59), glm, prod, 900_000, {}),  # the day before the window
+        (at(2026, 8, 27, 0, 0, 0), glm, prod, 700_001, {}),  # the window's first second
+        (at(2026, 9, 2, 10, 15), glm, prod, PREFILL_POOL_TOKENS, {}),  # exactly the pool: not above it
+        (at(2026, 9, 2, 10, 20), glm, prod, PREFILL_POOL_TOKENS + 1, {}),
+        (at(2026, 9, 4, 9, 30), scout, prod, 900_000, {}),  # another model
+        (at(2026, 9, 9, 23, 59, 59), glm, prod, 800_000, {}),  # the window's last second
+        (at(2026, 9, 10, 0, 0, 0), glm, prod, 800_000, {}),  # the day after
+        (at(2026, 8, 20, 8), llama, dev, 2_400, {"timestamp": "2026-08-20T08:00:00"}),  # the zone left off
+        (at(2026, 9, 9, 23, 30), glm, prod, 750_000, {"timestamp": "2026-09-10T01:30:00+02:00"}),  # local time
+        (at(2026, 8, 18, 11, 5), qwen, prod, 1_500, {"prompt_tokens": "1500"}),  # a count stored as text
     ]
-    lines = [(when, _dump(simulate_call(rng, when, m, ACCOUNTS[0], n))) for when, m, n in edges]
-    zoneless = simulate_call(rng, at(2026, 8, 20, 8), llama, ACCOUNTS[2], 2_400)
-    zoneless["timestamp"] = "2026-08-20T08:00:00"  # a writer that left the zone off
-    local = simulate_call(rng, at(2026, 9, 9, 23, 30), glm, ACCOUNTS[0], 750_000)
-    local["timestamp"] = "2026-09-10T01:30:00+02:00"  # local time: 9 September in UTC
-    stringly = simulate_call(rng, at(2026, 8, 18, 11, 5), qwen, ACCOUNTS[0], 1_500)
-    stringly["prompt_tokens"] = str(stringly["prompt_tokens"])  # a count stored as text
-    cut = _dump(simulate_call(rng, at(2026, 8, 14, 16, 2), qwen, ACCOUNTS[0], 900))[:60]  # a crash mid-write
-    lines += [(at(2026, 8, 20, 8), _dump(zoneless)), (at(2026, 9, 9, 23, 30), _dump(local)),
-              (at(2026, 8, 18, 11, 5), _dump(stringly)), (at(2026, 8, 14, 16, 2), cut)]
+    lines = [(when, _dump(simulate_call(rng, when, model, account, tokens) | written))
+             for when, model, account, tokens, written in calls]
+    crashed = at(2026, 8, 14, 16, 2)
+    lines.append((crashed, _dump(simulate_call(rng, crashed, qwen, prod, 900))[:60]))  # a crash mid-write
     return sorted(lines, key=lambda pair: pair[0])
 
 
 def generate_rows(rows: int, seed: int = 0) -> Iterator[str]:
-    """`rows` JSON lines in time order across August and September 2026, from `seed`.
-
-    Logs of 1,000 rows or more also carry the special lines above; smaller ones are all clean.
-    """
+    """`rows` JSON lines in time order across August and September 2026, from `seed`; from 1,000 rows on, with
+    the special lines among them (smaller logs are all clean)."""
     rng = random.Random(seed)
     specials = _special_lines(rng) if rows >= 1_000 else []
     ordinary = rows - len(specials)
@@ -306,10 +294,8 @@ def generate_rows(rows: int, seed: int = 0) -> Iterator[str]:
 
 
 def write_gateway_log(path: str | Path, rows: int = DEFAULT_ROWS, seed: int = 0) -> int:
-    """Write a synthetic log, gzip when the name ends in .gz; returns the lines written.
-
-    The same seed gives the same bytes: the gzip header carries no time and no file name.
-    """
+    """Write a synthetic log, gzip when the name ends in .gz; the lines written. The same seed gives the same
+    bytes: the gzip header carries no time and no file name."""
     path, written = Path(path), 0
     with open(path, "wb") as raw:
         gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else None

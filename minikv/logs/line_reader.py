@@ -1,13 +1,7 @@
 """A log's bytes as lines: a file or stdin, plain or gzip, with bounded memory and honest breaks.
 
-Three things a real log does that a plain `for line in open(path)` handles badly:
-- it arrives on a pipe (`zcat big.gz | minikv scan-logs -`), which cannot seek back after the
-  gzip check: the magic bytes are peeked, never read and rewound;
-- it breaks off (a gzip cut short by a full disk, garbage after the last member): every line
-  before the break is still given out, then `TruncatedLog` says where it stopped;
-- it holds a "line" of gigabytes (a binary file, a log with no newlines): a line longer than
-  MAX_LINE_BYTES is given out as an `OverlongLine` carrying only its length.
-Memory stays at one chunk plus one line however long the log is.
+A pipe is never rewound (the gzip magic is peeked), a break gives out every line before it and then
+`TruncatedLog`, a line past MAX_LINE_BYTES is an `OverlongLine` of its length (docs/logs.md).
 """
 
 from __future__ import annotations
@@ -66,11 +60,8 @@ def open_log(path: str | Path) -> Iterator[BinaryIO]:
 
 
 def read_lines(stream: BinaryIO, source: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes | OverlongLine]:
-    """The stream's lines without their newline, chunk by chunk; raises TruncatedLog at a break.
-
-    `read1` asks the gzip layer for one decompressed block at a time, so a break loses no line
-    that was complete before it; the partial line at the break is given out as it is.
-    """
+    """The stream's lines without their newline, chunk by chunk (`read1`: one gzip block at a time); at a break,
+    the partial line as it is, then TruncatedLog."""
     pending, length, lines_read = bytearray(), 0, 0  # length: the current line's bytes, kept or not
     error: BaseException | None = None
     while True:

@@ -1,16 +1,14 @@
 """The Luhn check digit that every payment card number ends with (ISO/IEC 7812).
 
-From the right, double every second digit (not the check digit itself), subtract 9 from any
-result above 9, and add everything up: a valid number's total is a multiple of 10. The scanner
-uses `luhn_ok` to tell a card number from any other run of digits; the synthetic log uses
-`luhn_check_digit` to write card numbers that the scanner must find.
+The scanner tells a card number from any other run of digits with `luhn_ok`; the synthetic log writes
+card numbers that the scanner must find with `luhn_check_digit`.
 """
 
 from __future__ import annotations
 
 
 def _luhn_total(digits: str) -> int:
-    """The Luhn sum of `digits`, the rightmost of them taken as the check digit."""
+    """From the right, every second digit doubled (9 off a result above 9), all added: a valid number's is 0 mod 10."""
     doubled = (int(ch) * (1 + i % 2) for i, ch in enumerate(reversed(digits)))
     return sum(d - 9 if d > 9 else d for d in doubled)
 

@@ -1,11 +1,8 @@
 """Scan a gateway log for the calls the disclosure names, and for two warning signs in every call.
 
-The checklist (docs/incident.md, steps 1 and 2) *defines* affected: calls to one model, on a UTC day
-inside the window (both ends included), whose `prompt_tokens` are strictly above the prefill
-pool's 681,280. Two signals look at every row: a first token too soon for the prompt's size (the
-leak's only outward tell) and text in the reply shaped like someone's secret. A signal is a lead
-for a person to follow; the checklist is the answer. The scan streams, so memory stays flat: only
-findings are kept, and of the malformed lines only the first MAX_MALFORMED_KEPT.
+The checklist *defines* affected (model, UTC days, prompt_tokens above the prefill pool); the signals, a
+first token too soon and secret-shaped text, are leads for a person to follow. The scan streams and keeps
+only findings (docs/logs.md).
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ from minikv.logs.gateway_log import (INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, INCI
 from minikv.logs.line_reader import LogReadError, TruncatedLog, source_name
 from minikv.logs.luhn import luhn_ok
 
-# Generous on purpose: healthy servers in the shipped log read 9,000-45,000 prompt tokens/s.
-# Set it from your own traffic; a prefix-cache hit can legitimately beat it.
+# Generous on purpose (healthy servers in the shipped log read 9,000-45,000); a prefix-cache hit may beat it.
 DEFAULT_MAX_PREFILL_TOKENS_PER_S = 100_000.0
 CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")  # then a Luhn check
 API_KEY = re.compile(
@@ -92,15 +88,9 @@ def implied_prefill_rate(record: GatewayRecord) -> float | None:
 
 def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]:
     """Reasons to think `text` carries someone's secret: card numbers, API keys, e-mail, extras."""
-    reasons = []
-    if any(luhn_ok(re.sub(r"\D", "", m.group())) for m in CARD_NUMBER.finditer(text)):
-        reasons.append("card_number")
-    if API_KEY.search(text):
-        reasons.append("api_key")
-    if EMAIL_ADDRESS.search(text):
-        reasons.append("email_address")
-    reasons += [f"pattern:{p.pattern}" for p in extra if p.search(text)]
-    return reasons
+    found = {"card_number": any(luhn_ok(re.sub(r"\D", "", m.group())) for m in CARD_NUMBER.finditer(text)),
+             "api_key": API_KEY.search(text), "email_address": EMAIL_ADDRESS.search(text)}
+    return [reason for reason, hit in found.items() if hit] + [f"pattern:{p.pattern}" for p in extra if p.search(text)]
 
 
 def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
@@ -152,11 +142,8 @@ class ScanResult:
 
 def scan_records(items: Iterable[GatewayRecord | MalformedLine], checklist: Checklist = Checklist(),
                  signals: Signals = Signals(), max_malformed_kept: int = MAX_MALFORMED_KEPT) -> ScanResult:
-    """Apply the checklist and the signals to a stream of parsed lines.
-
-    A stream that breaks off (TruncatedLog) ends the scan: what was read stays in the result,
-    and `read_error` says where it stopped.
-    """
+    """Apply the checklist and the signals to a stream of parsed lines. A stream that breaks off (TruncatedLog)
+    ends the scan: what was read stays, and `read_error` says where it stopped."""
     result = ScanResult()
     try:
         for item in items:
@@ -223,25 +210,20 @@ def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
     add("--json", action="store_true", help="print one JSON object instead of the text report")
 
 
-def _day(option: str, text: str) -> date:
+def _parse(option: str, text: str, kind: type[date] | type[int] | type[float]) -> date | int | float:
+    """`text` as a YYYY-MM-DD day or a number (100,000 and 100_000 too); a ValueError naming `option` if not."""
     try:
-        return date.fromisoformat(text)
+        return date.fromisoformat(text) if kind is date else kind(text.replace(",", "").replace("_", ""))
     except ValueError:
-        raise ValueError(f"{option} {text!r} is not a date: want YYYY-MM-DD, e.g. 2026-08-27") from None
-
-
-def _number(option: str, text: str, kind: type[int] | type[float]) -> int | float:
-    try:
-        return kind(text.replace(",", "").replace("_", ""))  # 100,000 and 100_000 are numbers too
-    except ValueError:
-        raise ValueError(f"{option} {text!r} is not {'a whole' if kind is int else 'a'} number") from None
+        want = {date: "a date: want YYYY-MM-DD, e.g. 2026-08-27", int: "a whole number", float: "a number"}[kind]
+        raise ValueError(f"{option} {text!r} is not {want}") from None
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[Checklist, Signals]:
     """The checklist and signals the command line asks for; ValueError with a message if bad."""
-    checklist = Checklist(args.model, _day("--since", args.since), _day("--until", args.until),
-                          _number("--min-prompt-tokens", args.min_prompt_tokens, int))
-    return checklist, Signals(_number("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
+    checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
+                          _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
+    return checklist, Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
 
 
 def _print(text: str, stream=None) -> None:

@@ -1,18 +1,7 @@
 """Gateway timestamps: one explicit ISO 8601 parser, so the affected set never depends on Python.
 
-`datetime.fromisoformat` changed in Python 3.11: it began to accept `Z`, fractions of any
-length (`...59.9Z`), offsets without a colon (`+0200`) and the basic format
-(`20260827T000000Z`), all of which 3.10 refused. A scan whose answer changes with the
-interpreter is not an answer, so the forms below are written out and parsed here:
-
-    2026-08-27T00:00:00Z           extended; `T`, `t` or a space between date and time
-    2026-08-27T00:00:00.9+02:00    a fraction of 1-9 digits (`.` or `,`), cut to microseconds
-    2026-08-27T00:00+0200          seconds optional; offset as +hh, +hh:mm or +hhmm; Z or z
-    20260827T000000Z               basic: no separators in date or time (then none in the offset)
-    2026-08-27T00:00:00            no zone: read as UTC, and the caller is told
-
-A fraction is cut, never rounded, so 23:59:59.9999999 stays on its day. A date alone, hour 24,
-second 60 and any non-ASCII digit are refused.
+`datetime.fromisoformat` accepts more forms since Python 3.11; here each accepted form is written out
+(docs/logs.md lists them): extended or basic, a fraction cut to microseconds, an optional zone.
 """
 
 from __future__ import annotations
@@ -29,11 +18,8 @@ _FORMS = [re.compile(
 
 
 def parse_timestamp(text: str) -> tuple[datetime, bool]:
-    """ISO 8601 text -> (aware UTC datetime, True when the text had no zone and UTC was assumed).
-
-    Raises ValueError for anything outside the forms above, and OverflowError when the offset
-    moves the time outside years 1 to 9999.
-    """
+    """ISO 8601 text -> (aware UTC datetime, True when the text had no zone and UTC was assumed). ValueError
+    for anything outside the forms, OverflowError when the offset moves the time outside years 1 to 9999."""
     match = _FORMS[0].fullmatch(text) or _FORMS[1].fullmatch(text)
     if match is None:
         raise ValueError(f"not an ISO 8601 date and time: {text[:40]!r}")

@@ -22,20 +22,11 @@ import sys
 from pathlib import Path
 
 from minikv.logs import gateway_log, scan
+from minikv.serve.command import positive_int  # the argparse type every command uses
 
 
 class CliError(Exception):
     """A problem with the command line or its inputs; printed as one line, exit status 2."""
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
-    return value
 
 
 def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
@@ -271,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     from minikv.serve.command import add_serve_arguments
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine or the cluster")
-    add_serve_arguments(p, positive_int)
+    add_serve_arguments(p)
     p.set_defaults(func=cmd_serve)
     p = sub.add_parser("probe", help="black-box isolation checks of an OpenAI-compatible endpoint")
     add_probe_arguments(p, positive_int)

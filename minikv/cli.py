@@ -14,21 +14,11 @@ from pathlib import Path
 
 from minikv.logs import gateway_log, scan
 from minikv.probe.command import add_probe_arguments, run_probe
-from minikv.serve.command import add_serve_arguments, run_serve
+from minikv.serve.command import add_serve_arguments, positive_int, run_serve
 
 
 class CliError(Exception):
     """A problem with the command line or its inputs; printed as one line, exit status 2."""
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
-    return value
 
 
 def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
@@ -227,7 +217,7 @@ def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
     gateway_log.add_make_logs_arguments(command(sub, "make-logs", gateway_log.run_make_logs,
                                                 "write a synthetic gateway log"))
     add_serve_arguments(command(sub, "serve", partial(run_serve, load=load),
-                                "an OpenAI-compatible HTTP server over the engine or the cluster"), positive_int)
+                                "an OpenAI-compatible HTTP server over the engine or the cluster"))
     add_probe_arguments(command(sub, "probe", run_probe, "black-box isolation checks of an OpenAI-compatible endpoint"),
                         positive_int)
     if command_name in (None, "bench", "peer"):

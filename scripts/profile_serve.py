@@ -149,14 +149,13 @@ def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
     on), in this process, no HTTP, every request submitted at once."""
     from minikv.model.checkpoint import load_model
-    from minikv.cli import positive_int
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
     from minikv.engine.request import Request
     from minikv.serve.command import add_serve_arguments
 
     parser = argparse.ArgumentParser()
-    add_serve_arguments(parser, positive_int)
+    add_serve_arguments(parser)
     args = parser.parse_args(serve_args)
     model, tokenizer = load_model(device="cpu")
     engine = Engine(model, tokenizer, EngineConfig(num_pages=args.num_pages, event_log=False,

@@ -1,13 +1,6 @@
-"""`python -m minikv serve`: load the model, build one engine (or the prefill/decode cluster), serve.
-
-    python -m minikv serve --api-key alice=sk-alice --api-key bob=sk-bob --log gateway.jsonl
-    python -m minikv serve --disagg --preset vulnerable ...    # the incident's configuration
-    python -m minikv serve --disagg --preset safe --context-len 672 ...
-    python -m minikv serve --disagg --transport distributed ...  # prefill and decode in two worker processes
-
-On SIGINT or SIGTERM the server stops accepting requests, lets those in flight go on for up to
---shutdown-grace seconds (10), then ends each one still running with a 503 (a stream with an error
-event and [DONE]), and exits 0.
+"""`python -m minikv serve`: load the model, build one engine (or the prefill/decode cluster), serve (docs/serve.md).
+On SIGINT or SIGTERM it takes no new request, lets those in flight go on for --shutdown-grace seconds, ends each one
+still running with a 503 (a stream with an error event and [DONE]), and exits 0.
 """
 
 from __future__ import annotations
@@ -20,22 +13,18 @@ from pathlib import Path
 SHUTDOWN_GRACE_S = 10.0  # what requests in flight get to finish after SIGTERM, by default
 
 
-def draining_server(config, loop, grace_s: float):
-    """uvicorn's server, which on SIGINT or SIGTERM first tells the engine loop to drain: uvicorn alone
-    would cancel the streams still open when its own grace ends, with no error event for them."""
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            loop.drain(grace_s)
-            super().handle_exit(sig, frame)
-
-    server = DrainingServer(config)
-    server.engine_loop = loop
-    return server
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number above zero."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
+    return value
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     parser.add_argument("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
@@ -65,7 +54,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser, positive_int) -> None:
 def check_args(args: argparse.Namespace):
     """Keys and switches, checked before the slow model load: ({key: tenant}, SafetySwitches)."""
     from minikv.disagg.switches import SafetySwitches
-    from minikv.serve.app import parse_api_keys
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")
@@ -75,19 +63,24 @@ def check_args(args: argparse.Namespace):
         raise ValueError(f"--shutdown-grace must be 0 to 3600 seconds, got {args.shutdown_grace:g}")
     if args.admin_key and args.admin_key in {spec.partition("=")[2] for spec in args.api_key}:
         raise ValueError("--admin-key must not be a tenant's key: a tenant would see every other tenant's activity")
-    return parse_api_keys(args.api_key), SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+    keys: dict[str, str] = {}
+    for tenant, sep, key in (spec.partition("=") for spec in args.api_key):
+        if not sep or not tenant or not key:
+            raise ValueError(f"--api-key wants TENANT=KEY, got {tenant!r}=...")
+        if key in keys:
+            raise ValueError(f"the same key is given to tenants {keys[key]!r} and {tenant!r}")
+        keys[key] = tenant
+    return keys, SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
 
 
 def build_server(args: argparse.Namespace, model, tokenizer):
-    """The uvicorn server for `args` over a loaded model, and its startup log lines.
-
-    ValueError with one line when it must not start (startup_check, an unwritable log, ...).
-    """
+    """The uvicorn server for `args` over a loaded model (its `engine_loop` attached), and its startup log lines;
+    ValueError with one line when it must not start (startup_check, an unwritable log, ...)."""
     import uvicorn
 
-    from minikv.model.checkpoint import default_model_dir
     from minikv.disagg.cluster import StartupRefused
     from minikv.disagg.dist.cluster import WorkerStartError
+    from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
@@ -102,29 +95,32 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
                                 args.model, args.device, args.threads, tenants=len(set(keys.values())),
                                 prefill_chunk=args.prefill_chunk)
-    except StartupRefused as e:
-        raise ValueError(f"startup_check refused to start: {e}") from None
-    except WorkerStartError as e:
-        raise ValueError(f"the distributed cluster did not start: {e}") from None
-    loop = EngineLoop(backend)
+    except (StartupRefused, WorkerStartError) as e:
+        what = "startup_check refused to start" if isinstance(e, StartupRefused) else "the distributed cluster did not start"
+        raise ValueError(f"{what}: {e}") from None
+    loop, context_len = EngineLoop(backend), backend.config.context_len
+    topology = "prefill/decode cluster" if args.disagg else "one engine"
+    if args.transport == "distributed":
+        topology += ", two worker processes, KV over torch.distributed"
     on = [n for n, v in switches.as_dict().items() if v]
-    lines = loop.door.startup_log() + [
-        f"serving {model_name} ({_topology(args)}) on http://{args.host}:{args.port}; "
-        f"context window {loop.context_len} tokens" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
+    lines = backend.startup_log() + [
+        f"serving {model_name} ({topology}) on http://{args.host}:{args.port}; context window {context_len} tokens"
+        + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
     ]
-    settings = ServerSettings(model_name, loop.context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              args.admin_key)
+    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.admin_key)
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on")
-    return draining_server(config, loop, args.shutdown_grace), lines
 
+    class DrainingServer(uvicorn.Server):  # uvicorn alone would cut the streams still open at the end of its grace
+        def handle_exit(self, sig, frame) -> None:
+            loop.drain(args.shutdown_grace)
+            super().handle_exit(sig, frame)
 
-def _topology(args: argparse.Namespace) -> str:
-    if not args.disagg:
-        return "one engine"
-    return "prefill/decode cluster" + (", two worker processes, KV over torch.distributed" if args.transport == "distributed" else "")
+    server = DrainingServer(config)
+    server.engine_loop = loop
+    return server, lines
 
 
 def run_serve(args: argparse.Namespace, load) -> int:

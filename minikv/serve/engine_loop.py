@@ -1,14 +1,7 @@
-"""The one thread that owns the front door: every HTTP connection's request is batched here.
-
-HTTP handlers run on uvicorn's event loop; the engine runs here, on its own thread, so a long
-prefill never stalls the event loop and requests from all clients share each step (continuous
-batching across connections, as vLLM's engine core does). Handlers talk to the loop only
-through a `Ticket`: the loop submits its request, relays a streamed request's text as the
-sequence shows it (stop strings are the engine's business), and hands it its `Response` exactly
-once. This is the only module of the server that touches the engine.
-
-What the loop uses is the `FrontDoor` API, the same on `Engine`, `Cluster` and `DistCluster`
-(`submit`, `cancel`, `step`, `has_work`, `seqs` for a live request's text, `health`, `close`).
+"""The one thread that owns the front door (`Engine`, `Cluster` or `DistCluster`): every connection's request is
+batched here, so a long prefill never stalls uvicorn's event loop and all clients share each step, as in vLLM's
+engine core. A handler talks to the loop only through a `Ticket`: the loop submits its request, relays a streamed
+request's text as the sequence shows it, and hands it its `Response` exactly once (docs/serve.md).
 """
 
 from __future__ import annotations
@@ -34,20 +27,15 @@ from minikv.model.llama import Llama
 
 IDLE_WAIT_S = 0.05  # how long the idle loop waits for a request before looking again
 TRANSPORTS = ("inprocess", "distributed")
+SHUTTING_DOWN = "the server is shutting down"
 
 
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
                   model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
                   prefill_chunk: int | None = None) -> FrontDoor:
-    """The Engine, or the Cluster with its switches (StartupRefused if startup_check says no).
-
-    With `transport="distributed"` the cluster's nodes run in two worker processes (DistCluster),
-    each loading the model from `model_dir` onto `device` (default: two GPUs if present, else CPU).
-    The event log is off: a server runs for days, and the notebooks' step-by-step record would grow
-    without end. The ownership audit stays on: /health reports the cross-tenant reads it saw. With
-    `cache_partition` the prefix cache is cut for the server's `tenants` (one per key).
-    """
+    """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`). The
+    event log is off (a server runs for days); the audit stays on. The prefix cache is cut for `tenants` (one a key)."""
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
@@ -63,36 +51,29 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
 
 @dataclass(eq=False)
 class Ticket:
-    """One HTTP request's place in the loop. The handler reads `updates`: text deltas (when it
-    streams), then the Response."""
+    """One HTTP request's place in the loop; its handler reads `updates`: text deltas if streamed, then the Response."""
 
     request: Request
     stream: bool
     aio_loop: asyncio.AbstractEventLoop
     prompt_ids: list[int] | None = None  # what the door's checks returned, on the handler's thread
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
-    arrived_s: float = field(default_factory=time.perf_counter)
     # Written by the loop thread only:
     engine_id: str | None = None
     tokens_seen: int = 0  # tokens generated so far (what a gateway records if the client leaves)
     sent_chars: int = 0
-    done: bool = False
-
-    def post(self, item: str | Response) -> None:
-        """Hand `item` to the handler's event loop (thread-safe); dropped if that loop has closed."""
-        post_all([(self, item)])
 
 
 def post_all(items: list[tuple[Ticket, str | Response]]) -> None:
-    """Hand every ticket its item with one wake-up of each handler's event loop (thread-safe): one a
-    step, not one a token per request."""
+    """Hand every ticket its item, thread-safe, with one wake-up of each handler's event loop: one a step, not one a
+    token per request. An item for a loop that has closed is dropped: nobody is waiting."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, str | Response]]] = {}
     for ticket, item in items:
         by_loop.setdefault(ticket.aio_loop, []).append((ticket, item))
     for aio_loop, batch in by_loop.items():
         try:
             aio_loop.call_soon_threadsafe(lambda batch=batch: [t.updates.put_nowait(i) for t, i in batch])
-        except RuntimeError:  # that loop has closed: nobody is waiting
+        except RuntimeError:  # that loop has closed
             pass
 
 
@@ -106,17 +87,11 @@ class EngineLoop:
         self._stopping = threading.Event()
         self._drain_at: float | None = None  # once set (SIGTERM), no new request; at this time, 503 for the rest
         self._thread = threading.Thread(target=self._main, name="minikv-engine-loop", daemon=True)
-        self._stats_lock = threading.Lock()
-        self._stats: dict = {}
+        self._stats: dict = {}  # a fresh dict each step, swapped in whole: a reader never sees one half-made
         self._outgoing: list[tuple[Ticket, str | Response]] = []  # this step's items, posted together
         self.steps = 0
 
     # -- any thread -------------------------------------------------------------------------------
-    @property
-    def context_len(self) -> int:
-        """The advertised window: what /v1/models reports as max_model_len."""
-        return self.door.config.context_len
-
     def start(self) -> None:
         self._refresh_stats()
         self._thread.start()
@@ -134,9 +109,9 @@ class EngineLoop:
 
     def submit(self, ticket: Ticket) -> None:
         if self._stopping.is_set() or self._drain_at is not None:
-            ticket.post(_refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down"))
-            return
-        self._inbox.put(("submit", ticket))
+            post_all([(ticket, _refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN))])
+        else:
+            self._inbox.put(("submit", ticket))
 
     def cancel(self, ticket: Ticket) -> None:
         """The client went away: free the request's pages at the next step."""
@@ -144,8 +119,7 @@ class EngineLoop:
 
     def stats(self) -> dict:
         """Pool occupancy and live requests, as of the last step."""
-        with self._stats_lock:
-            return dict(self._stats)
+        return dict(self._stats)
 
     # -- the loop thread --------------------------------------------------------------------------
     def _main(self) -> None:
@@ -159,49 +133,46 @@ class EngineLoop:
                     for response in done:
                         self._deliver(response)
                 if self._drain_at is not None and time.monotonic() >= self._drain_at:
-                    self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
-                self._flush()
+                    self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)
                 self._refresh_stats()
             except Exception as e:  # a bug must end the requests it touched, never the server
                 print(f"engine loop: step failed ({type(e).__name__}); answering live requests 500", file=sys.stderr)
                 self._refuse_live(HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}")
-                self._flush()
-        self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down")
-        self._flush()
+            post_all(self._outgoing)
+            self._outgoing.clear()
+        self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)
         while not self._inbox.empty():
             kind, ticket = self._inbox.get_nowait()
             if kind == "submit":
-                ticket.post(_refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, "the server is shutting down"))
+                self._outgoing.append((ticket, _refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)))
+        post_all(self._outgoing)
         self.door.close()  # the distributed cluster's workers stop here; nothing else holds processes
 
     def _drain(self, block: bool) -> None:
+        """Take every command waiting in the inbox (waiting a moment for the first when `block`)."""
         try:
-            command = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            kind, ticket = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            while True:
+                if kind == "submit":
+                    self._submit(ticket)
+                elif self._live.get(ticket.engine_id) is ticket:  # a cancel of a request still live
+                    self.door.cancel(ticket.engine_id)
+                kind, ticket = self._inbox.get_nowait()
         except queue.Empty:
             return
-        while True:
-            kind, ticket = command
-            if kind == "submit":
-                self._submit(ticket)
-            elif ticket.engine_id in self._live and not ticket.done:
-                self.door.cancel(ticket.engine_id)
-            try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                return
 
     def _submit(self, ticket: Ticket) -> None:
         try:
             ticket.engine_id = self.door.submit(ticket.request, ticket.prompt_ids)
+            self._live[ticket.engine_id] = ticket
         except Exception as e:  # the engine answers bad requests 400 itself; this is a bug, for this request only
             print(f"engine loop: submit failed ({type(e).__name__})", file=sys.stderr)
-            self._finish(ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}"))
-            return
-        self._live[ticket.engine_id] = ticket
+            reason = f"engine error: {type(e).__name__}"
+            self._outgoing.append((ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, reason)))
 
     def _relay(self) -> None:
-        """Each live request's progress; a streamed one's text as its sequence shows it (never a
-        tail that could be the start of a stop string)."""
+        """Each live request's progress; a streamed one's text as its sequence shows it (never a tail that could be
+        the start of a stop string)."""
         for eid, ticket in self._live.items():
             seq = self.door.seqs.get(eid)
             if seq is None:
@@ -223,30 +194,20 @@ class EngineLoop:
         if ticket.stream and response.status == HTTPStatus.OK:
             self._send(ticket, response.text)
         ticket.tokens_seen = response.usage.completion_tokens or ticket.tokens_seen
-        self._finish(ticket, response)
+        self._outgoing.append((ticket, response))
 
     def _refuse_live(self, status: HTTPStatus, reason: str) -> None:
         """End every live request with `status` (its engine request cancelled, so its pages come back)."""
-        for eid, ticket in list(self._live.items()):
+        for eid, ticket in self._live.items():
             try:
                 self.door.cancel(eid)
             except Exception:  # noqa: BLE001 - a broken door still owes every client an answer
                 pass
-            self._finish(ticket, _refused(ticket, status, reason))
+            self._outgoing.append((ticket, _refused(ticket, status, reason)))
         self._live.clear()
 
-    def _finish(self, ticket: Ticket, response: Response) -> None:
-        ticket.done = True
-        self._outgoing.append((ticket, response))
-
-    def _flush(self) -> None:
-        items, self._outgoing = self._outgoing, []
-        post_all(items)
-
     def _refresh_stats(self) -> None:
-        stats = self.door.health() | {"live_requests": len(self._live), "steps": self.steps}
-        with self._stats_lock:
-            self._stats = stats
+        self._stats = self.door.health() | {"live_requests": len(self._live), "steps": self.steps}
 
 
 def _refused(ticket: Ticket, status: HTTPStatus, reason: str) -> Response:

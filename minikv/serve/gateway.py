@@ -1,16 +1,13 @@
-"""The server's own gateway log: one JSON line per call, in the schema `scan-logs` reads.
-
-The fields are exactly `minikv.logs.gateway_log.FIELD_TYPES`, in that order, so
-`python -m minikv scan-logs LOG` runs on what this server wrote. `response_text` is the
-reply the client received (the schema asks for it: it is what a reviewer reads); no prompt
-text is ever written, here or anywhere else the server logs.
+"""The server's own gateway log: one JSON line per call, with exactly the fields `scan-logs` reads (`FIELD_TYPES`).
+`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
@@ -18,50 +15,38 @@ from typing import TextIO
 from minikv.logs.gateway_log import FIELD_TYPES
 
 
-@dataclass(frozen=True)
-class CallRecord:
-    """What the gateway saw of one call."""
+@dataclass
+class Call:
+    """One completion call as the gateway sees it, from its arrival."""
 
-    arrived: datetime  # UTC
-    request_id: str
-    account: str
+    request_id: str  # the `id` the client gets
     model: str
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_ms: float  # arrival -> first token sent; arrival -> the error for a refusal
-    status: int
-    response_text: str
-
-    def to_json(self) -> dict:
-        row = {
-            "timestamp": self.arrived.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "request_id": self.request_id,
-            "account": self.account,
-            "model": self.model,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_ms": round(self.ttft_ms, 3),
-            "status": self.status,
-            "response_text": self.response_text,
-        }
-        assert list(row) == list(FIELD_TYPES), "the gateway log's schema changed: update scan-logs too"
-        return row
+    arrived: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    arrived_s: float = field(default_factory=time.perf_counter)
+    account: str = "-"  # until the key is known
+    prompt_tokens: int = 0
 
 
 class GatewayLog:
-    """Appends records to a JSON Lines file, one whole line at a time, from any thread."""
+    """Appends one whole line per call to a JSON Lines file (or nowhere without a path), from any thread."""
 
     def __init__(self, path: str | Path | None) -> None:
-        self.path = Path(path) if path else None
         self._lock = threading.Lock()
-        self._file: TextIO | None = open(self.path, "a", encoding="utf-8") if self.path else None
+        self._file: TextIO | None = open(path, "a", encoding="utf-8") if path else None
 
-    def write(self, record: CallRecord) -> None:
+    def write(self, call: Call, status: int, completion_tokens: int = 0, ttft_s: float | None = None,
+              text: str = "") -> None:
+        """`ttft_s`: arrival to the first token; None for a refusal, timed to now."""
         if self._file is None:
             return
-        line = json.dumps(record.to_json(), ensure_ascii=False) + "\n"
+        ttft_ms = 1000 * (ttft_s if ttft_s is not None else time.perf_counter() - call.arrived_s)
+        row = {"timestamp": call.arrived.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "request_id": call.request_id,
+               "account": call.account, "model": call.model, "prompt_tokens": call.prompt_tokens,
+               "completion_tokens": completion_tokens, "ttft_ms": round(ttft_ms, 3), "status": status,
+               "response_text": text}
+        assert list(row) == list(FIELD_TYPES), "the gateway log's schema changed: update scan-logs too"
         with self._lock:
-            self._file.write(line)
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
             self._file.flush()
 
     def close(self) -> None:

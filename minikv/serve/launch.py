@@ -1,8 +1,6 @@
-"""Start `minikv serve` on a free loopback port and stop it cleanly: as a child process, or on a thread.
-
-`ServerProcess` runs `python -m minikv serve ARGS` exactly as a terminal would (the tests and the
-load script use it). `ServerThread` runs the same uvicorn server on a thread of this process over a
-model already loaded, so a notebook pays for torch and the model once (notebook 10 uses it).
+"""A server on a free loopback port, started and stopped cleanly. `ServerProcess` runs `python -m minikv serve ARGS`
+as a terminal would (tests, scripts); `ServerThread` runs the same server on a thread over a model already loaded,
+so that a notebook loads torch and the model once (notebook 10); `peer.PeerServer` is a ServerProcess running vLLM.
 
     with ServerProcess(["--disagg", "--preset", "vulnerable", "--api-key", "alice=sk-alice"]) as server:
         openai.OpenAI(base_url=server.base_url, api_key="sk-alice") ...
@@ -20,7 +18,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import httpx
 
@@ -35,50 +35,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def operator_health(url: str, admin_key: str) -> dict:
-    """/health as the operator sees it: pools, live requests, steps, workers."""
-    return httpx.get(url + "/health", headers={"Authorization": f"Bearer {admin_key}"}, timeout=5.0).json()
-
-
 class ServerStartError(RuntimeError):
-    """The server exited, or never answered /health; the message holds its output."""
+    """The server exited, or never answered; the message holds what it printed."""
 
 
-class ServerProcess:
-    """A `minikv serve` child process; a context manager that stops it with SIGTERM."""
+class LocalServer:
+    """A server on 127.0.0.1:`port` (a free one by default) with an operator's key; a context manager that stops it."""
 
-    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None) -> None:
-        """Start the server and return once it answers /health."""
+    name, ready_path, ready_timeout_s, start_error = "minikv serve", "/health", READY_TIMEOUT_S, ServerStartError
+
+    def __init__(self, port: int | None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.base_url = self.url + "/v1"
-        self._output = tempfile.TemporaryFile(mode="w+")
         self.admin_key = secrets.token_hex(12)  # the operator's key of this server (its /health details)
+
+    def wait_ready(self, running: Callable[[], bool]) -> None:
+        """Return once the server answers `ready_path`; if it ends or times out first, stop it and raise."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        try:
+            while running() and time.monotonic() < deadline:
+                try:
+                    if httpx.get(self.url + self.ready_path, timeout=2.0).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            how = "ended" if not running() else f"did not answer within {self.ready_timeout_s:.0f} s"
+            raise self.start_error(f"{self.name} on {self.url} {how} while starting: {self.last_words()}")
+        except BaseException:  # Ctrl-C while it starts, too: nothing is left behind
+            self.stop()
+            raise
+
+    def health(self) -> dict:
+        """/health as the operator sees it: pools, live requests, steps, workers."""
+        return httpx.get(self.url + "/health", headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=5.0).json()
+
+    def __enter__(self) -> "LocalServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ServerProcess(LocalServer):
+    """A `minikv serve ARGS` child process; `stop` sends SIGTERM."""
+
+    def __init__(self, args: list[str], port: int | None = None, env: dict[str, str] | None = None) -> None:
+        super().__init__(port)
         root = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args, "--admin-key", self.admin_key],
-            stdout=self._output, stderr=subprocess.STDOUT, env=child_env,
-        )
-        self.wait_ready()
+        command = [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args, "--admin-key", self.admin_key]
+        self.start(command, child_env, tempfile.TemporaryFile(mode="w+"))
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerStartError(f"the server exited with status {self.process.returncode}: {self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise ServerStartError(f"no answer on {self.url}/health after {READY_TIMEOUT_S:.0f} s: {self.output()}")
-
-    def health(self) -> dict:
-        return operator_health(self.url, self.admin_key)
+    def start(self, command: list[str], env: dict[str, str], output: TextIO, new_session: bool = False) -> None:
+        """Run `command` with its output to `output`, and wait until it answers."""
+        self._output = output
+        self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=new_session)
+        self.wait_ready(lambda: self.process.poll() is None)
 
     def output(self) -> str:
         """Everything the server printed so far (its startup log; never a prompt)."""
@@ -86,8 +102,13 @@ class ServerProcess:
         self._output.seek(0)
         return self._output.read()
 
+    def last_words(self) -> str:
+        """What a start error quotes: the exit status, if any, and the output."""
+        status = self.process.poll()
+        return (f"exit status {status}; " if status is not None else "") + self.output()
+
     def stop(self) -> int:
-        """SIGTERM, as a terminal's Ctrl-C or a process manager would; the exit status."""
+        """SIGTERM, as a terminal's Ctrl-C or a process manager would (SIGKILL if it lingers); the exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -97,38 +118,24 @@ class ServerProcess:
                 self.process.wait()
         return self.process.returncode
 
-    def __enter__(self) -> "ServerProcess":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class ServerThread:
+class ServerThread(LocalServer):
     """`minikv serve ARGS` on a thread of this process, over an already loaded model and tokenizer."""
 
     def __init__(self, args: list[str], model, tokenizer, port: int | None = None) -> None:
-        from minikv.cli import positive_int
         from minikv.serve.command import add_serve_arguments, build_server
 
+        super().__init__(port)
         parser = argparse.ArgumentParser(prog="minikv serve")
-        add_serve_arguments(parser, positive_int)
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.base_url = self.url + "/v1"
-        self.admin_key = secrets.token_hex(12)
+        add_serve_arguments(parser)
         argv = ["--port", str(self.port), *args, "--admin-key", self.admin_key]
         self.server, self.startup_log = build_server(parser.parse_args(argv), model, tokenizer)
         self.thread = threading.Thread(target=self.server.run, name=f"minikv-serve-{self.port}", daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise ServerStartError(f"the server on {self.url} did not start")
-            time.sleep(0.05)
+        self.wait_ready(self.thread.is_alive)
 
-    def health(self) -> dict:
-        return operator_health(self.url, self.admin_key)
+    def last_words(self) -> str:
+        return "its traceback, if any, is on stderr"
 
     def stop(self) -> int:
         """What SIGTERM does to the process, without the grace: stop accepting, end the loop."""
@@ -136,9 +143,3 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(STOP_TIMEOUT_S)
         return 0 if not self.thread.is_alive() else 1
-
-    def __enter__(self) -> "ServerThread":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

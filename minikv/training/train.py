@@ -1,23 +1,6 @@
-"""Train the shipped tiny Llama: a note-keeping assistant that copies from its context.
+"""`python -m minikv train`: the shipped tiny Llama, a note-keeping assistant that copies from its context.
 
-`python -m minikv train` rebuilds data/tiny-llama from a seed in under half an hour on two CPU
-cores (28 min measured, 2 threads, idle machine). Four phases, because learning everything at
-once from scratch stalls:
-
-0. *induction*: a random string, a newline, the same string again; loss on the repeat. Long
-   strings (20-40 characters) make the copying circuit ("find where the current character
-   appeared, emit the one after it") form in a few hundred steps; short ones alone stall it.
-1. *copy*: ordinary requests, loss on the reply, which repeats the prompt's note exactly.
-2. *leak geometry*: the same skill at a paged engine's distances. A sample lays out what a block
-   table can cover: another request's note and reply *at that request's own positions* (keys are
-   cached after RoPE), other documents, never-written zero slots and the one-token placeholder,
-   then the reply up to a context window away. Each segment attends only within itself, as when
-   it was written; only the reply sees them all.
-3. *polish*: both kinds at a lower learning rate, now with secrets of repeated runs (4111 2222 ...),
-   which copying by the previous character alone gets wrong.
-
-The same seed gives the same weights on the same machine and thread count (another thread count
-changes the order of float sums: the weights differ slightly but copy just as well).
+Four phases from a seed (induction, copy, leak geometry, polish); why each, and the schedule: docs/training.md.
 """
 
 from __future__ import annotations
@@ -117,10 +100,9 @@ def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConf
     victim_prompt = random_prompt(rng, 80, note_share=1.0, patterned=patterned)
     reply = tok.encode(expected_reply(victim_prompt)) + [tok.eos_token_id]
     victim = tok.encode(victim_prompt) + (reply[:-1] if rng.random() < 0.7 else [])  # its reply usually sits there too
-    segments = [victim] + [
-        tok.encode(make_prompt(rng.choice(TENANTS), [document_sentence(rng, rng.randint(20, 100))]))
-        for _ in range(int(rng.random() < 0.3))
-    ]
+    documents = [tok.encode(make_prompt(rng.choice(TENANTS), [document_sentence(rng, rng.randint(20, 100))]))
+                 for _ in range(int(rng.random() < 0.3))]  # another request's document, 30% of the time
+    segments = [victim, *documents]
     rng.shuffle(segments)
     s = Sample()
     for seg_id, ids in enumerate(segments):
@@ -137,8 +119,9 @@ def induction_sample(rng: random.Random, tok: PreTrainedTokenizerBase, min_chars
     return prompt_then_reply(tok.encode(text + "\n"), tok.encode(text) + [tok.eos_token_id])
 
 
-def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad to one length and build the block-diagonal-plus-reply attention mask."""
+def collate(samples: list[Sample],
+            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, UnwrittenSlotsAttention]:
+    """Pad to one length: tokens, positions, labels, each (B, T), and attention under the segments' causal mask."""
     B, T = len(samples), max(len(s.tokens) for s in samples)
     batch = {"tokens": torch.full((B, T), pad_id), "positions": torch.zeros(B, T, dtype=torch.long),
              "segments": torch.full((B, T), -1), "labels": torch.full((B, T), IGNORE)}  # each (B, T)
@@ -148,16 +131,14 @@ def collate(samples: list[Sample], pad_id: int) -> dict[str, torch.Tensor]:
     segments = batch.pop("segments")
     reply_row = segments == REPLY_SEGMENT  # (B, T)
     causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
-    batch["mask"] = causal & ((segments[:, :, None] == segments[:, None, :]) | reply_row[:, :, None])  # (B, T, T)
-    batch["zero_slots"] = reply_row * torch.tensor([float(s.zero_slots) for s in samples])[:, None]  # (B, T)
-    return batch
+    mask = causal & ((segments[:, :, None] == segments[:, None, :]) | reply_row[:, :, None])  # (B, T, T)
+    zero_slots = reply_row * torch.tensor([float(s.zero_slots) for s in samples])[:, None]  # (B, T)
+    return batch["tokens"], batch["positions"], batch["labels"], UnwrittenSlotsAttention(mask, zero_slots)
 
 
 class UnwrittenSlotsAttention:
-    """Dense attention under the sample's mask, plus, per query, `zero_slots` (B, T) exact-zero K/V slots:
-    what never-written (boot-zeroed) pages look like to a request whose block table covers them.
-    Each adds exp(q . 0) = 1 to the softmax's denominator and nothing to the output: together one
-    extra logit log(n) whose value is 0."""
+    """Dense attention under the sample's mask, plus, per query, `zero_slots` (B, T) exact-zero K/V slots: never-written
+    pages a block table covers, as one extra logit log(n) whose value is 0 (docs/training.md)."""
 
     def __init__(self, mask: torch.Tensor, zero_slots: torch.Tensor) -> None:
         self.mask, self.zero_slots = mask, zero_slots  # (B, T, T), (B, T)
@@ -175,32 +156,24 @@ class UnwrittenSlotsAttention:
         return torch.einsum("bhts,bshd->bthd", probs, v)
 
 
-def optimizer_step(model: Llama, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int) -> tuple[float, float]:
-    """One AdamW step on `samples`, gradients clipped to norm 1. Returns the loss on the labelled tokens and
-    the share of samples whose every labelled token is the argmax (teacher-forced = greedy exact match)."""
-    batch = collate(samples, pad_id)
-    logits = model(batch["tokens"], batch["positions"], UnwrittenSlotsAttention(batch["mask"], batch["zero_slots"]))
-    labels = batch["labels"]  # (B, T); logits (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-    wrong = (logits.argmax(-1) != labels) & (labels != IGNORE)  # (B, T)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return loss.item(), 1.0 - wrong.any(dim=1).float().mean().item()
-
-
 def run_steps(model: Llama, opt: torch.optim.Optimizer, pad_id: int, lrs: list[float],
               batch: Callable[[int], list[Sample]], desc: str, progress: bool) -> None:
-    """One optimizer step per learning rate in `lrs`, on `batch(i)` for step i; the bar shows the
-    loss and a running share of exactly right samples."""
+    """One AdamW step (gradients clipped to norm 1) per learning rate in `lrs`, on `batch(i)` for step i; the bar
+    shows the loss and a running share of samples whose every labelled token is the argmax (greedy exact match)."""
     exact_avg, bar = 0.0, tqdm(lrs, desc=desc, disable=not progress)
     for i, lr in enumerate(bar):
         for group in opt.param_groups:
             group["lr"] = lr
-        loss, exact = optimizer_step(model, opt, batch(i), pad_id)
-        exact_avg = 0.9 * exact_avg + 0.1 * exact
-        bar.set_postfix(loss=f"{loss:.3f}", exact=f"{exact_avg:.2f}")
+        tokens, positions, labels, attention = collate(batch(i), pad_id)  # (B, T) each
+        logits = model(tokens, positions, attention)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        wrong = (logits.argmax(-1) != labels) & (labels != IGNORE)  # (B, T)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        exact_avg = 0.9 * exact_avg + 0.1 * (1.0 - wrong.any(dim=1).float().mean().item())
+        bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}")
 
 
 def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, PreTrainedTokenizerBase]:
@@ -208,11 +181,10 @@ def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, PreTrainedTokeniz
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = build_char_tokenizer()
-    model = Llama(ModelConfig(
-        vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=True))
+    model = Llama(ModelConfig(vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                              num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                              head_dim=cfg.hidden_size // cfg.num_heads, tie_word_embeddings=True,
+                              max_position_embeddings=cfg.max_position_embeddings))
     for p in (p for p in model.parameters() if p.dim() > 1):  # Llama's init: N(0, 0.02), norms at one
         torch.nn.init.normal_(p, std=0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -238,33 +210,20 @@ def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, PreTrainedTokeniz
     return model, tok
 
 
-def polish(model: Llama, tok: PreTrainedTokenizerBase, cfg: TrainConfig, progress: bool = True) -> None:
-    """Phase 3, with a fresh optimizer and random state: the learning rate falls from polish_lr to a tenth."""
+def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: Path | None = None) -> Llama:
+    """Phases 0-2 (or `resume_from`'s checkpoint), then 3 from a fresh optimizer and random state (a resumed run
+    computes what an unbroken one does), its learning rate falling from polish_lr to a tenth; saved to `out_dir`."""
+    started = time.perf_counter()
+    model, tok = pretrain(cfg, progress) if resume_from is None else load_model(resume_from, device="cpu")
     torch.manual_seed(cfg.seed + 1)
     rng = random.Random(cfg.seed + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.polish_lr, weight_decay=0.0, betas=(0.9, 0.99))
     lrs = [cfg.polish_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / cfg.polish_steps)))
            for i in range(cfg.polish_steps)]
-    run_steps(model, opt, tok.pad_token_id, lrs, lambda i: [
+    run_steps(model.train(), opt, tok.pad_token_id, lrs, lambda i: [
         leak_sample(rng, tok, cfg, cfg.polish_patterned) if rng.random() < 0.5
         else copy_sample(rng, tok, 120, cfg.polish_patterned) for _ in range(cfg.batch_size // 2)], "polish", progress)
-
-
-def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: Path | None = None) -> Llama:
-    """Train and save with save_pretrained to `out_dir`; returns the model.
-
-    `resume_from` skips phases 0-2 and polishes that checkpoint instead: the polish phase starts
-    from fresh optimizer and random state, so a resumed run computes what an unbroken run does.
-    """
-    started = time.perf_counter()
-    if resume_from is None:
-        model, tok = pretrain(cfg, progress)
-    else:
-        model, tok = load_model(resume_from, device="cpu")
-        model.train()
-    polish(model, tok, cfg, progress)
-    model.eval()
-    save_checkpoint(model, tok, out_dir)
+    save_checkpoint(model.eval(), tok, out_dir)
     if progress:
         print(f"saved {out_dir} after {time.perf_counter() - started:.0f} s")
     return model

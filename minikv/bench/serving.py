@@ -187,7 +187,6 @@ def run_serving_command(args: argparse.Namespace) -> int:
     """Start minikv serve (and vLLM when it is set up), run, print the table or JSON; 1 if outputs differ."""
     from minikv.bench.benchmark import bench_workload
     from minikv.bench.plot import plot_path_problem
-    from minikv.cli import CliError
     from minikv.serve.launch import ServerProcess, ServerStartError
     from minikv.serve.peer import PeerServer
     from minikv.serve.peer_venv import PeerError, installed
@@ -195,12 +194,12 @@ def run_serving_command(args: argparse.Namespace) -> int:
     try:
         clients = [int(c) for c in args.clients.split(",")]
     except ValueError:
-        raise CliError(f"--clients {args.clients}: give whole numbers separated by commas, e.g. 1,8,32") from None
+        raise ValueError(f"--clients {args.clients}: give whole numbers separated by commas, e.g. 1,8,32") from None
     if min(clients) < 1 or args.rounds < 1 or args.num_pages < 2 or args.num_pages % 2 or args.context_len < 2:
-        raise CliError("--clients, --rounds must be >= 1, --context-len >= 2 and --num-pages even (vLLM's CPU blocks "
+        raise ValueError("--clients, --rounds must be >= 1, --context-len >= 2 and --num-pages even (vLLM's CPU blocks "
                        "hold 32 tokens)")
     if args.plot and (problem := plot_path_problem(args.plot)):
-        raise CliError(f"--plot {args.plot}: {problem}")
+        raise ValueError(f"--plot {args.plot}: {problem}")
     pool = ["--num-pages", str(args.num_pages), "--context-len", str(args.context_len), "--threads", str(args.threads)]
     with ExitStack() as stack:
         try:
@@ -214,7 +213,7 @@ def run_serving_command(args: argparse.Namespace) -> int:
             else:
                 to_stderr("vLLM is not set up (python -m minikv peer setup vllm): minikv alone")
         except (ServerStartError, PeerError) as e:
-            raise CliError(str(e).splitlines()[0][:300]) from None
+            raise ValueError(str(e).splitlines()[0][:300]) from None
         command = (f"python -m minikv bench --serve --clients {args.clients} --rounds {args.rounds} "
                    f"--num-pages {args.num_pages} --context-len {args.context_len}")
         report = run_serving(urls, bench_workload(args.requests, args.seed), clients, args.rounds, command, to_stderr)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
-from minikv.engine.front_door import MAX_CACHE_SALT_CHARS
+from minikv.engine.front_door import MAX_SALT_CHARS
 from minikv.exercises import expect
 from minikv.model.checkpoint import load_model
 
@@ -41,8 +41,8 @@ def check_salt_for(fn: Callable[[str, str], str]) -> None:
     keys = ["sk-" + "".join(rng.choices(string.ascii_lowercase + string.digits, k=12)) for _ in range(40)]
     salts = [fn(key, secret) for key in keys]
     for key, salt in zip(keys, salts):
-        expect(isinstance(salt, str) and 1 <= len(salt) <= MAX_CACHE_SALT_CHARS and salt.isprintable(), True,
-               f"salt {salt!r} for {key!r}", f"A cache_salt is 1 to {MAX_CACHE_SALT_CHARS} printable characters.")
+        expect(isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable(), True,
+               f"salt {salt!r} for {key!r}", f"A cache_salt is 1 to {MAX_SALT_CHARS} printable characters.")
         expect(key[3:] in salt or secret in salt, False, f"salt {salt!r} for {key!r}",
                "The salt reaches the engine and its logs: it must not carry the key or the secret.")
         expect(fn(key, secret), salt, f"{key!r} twice", "The same tenant needs the same salt, or it loses its own hits.")

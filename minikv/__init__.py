@@ -12,8 +12,6 @@ its mitigations (minikv/disagg/). Names are imported on first use, so `python -m
 scan-logs` does not pay for torch.
 """
 
-from __future__ import annotations
-
 from importlib import import_module
 
 _EXPORTS = {

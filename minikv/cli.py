@@ -2,8 +2,6 @@
 and the log tools wired from their own packages. Bad input ends with one line naming the problem (exit 2), never
 a traceback."""
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

@@ -6,8 +6,6 @@ each: this one (a batch within itself under a mask: training and the reference),
 by request) and tiles.py (one call for a whole batch). See docs/engine.md.
 """
 
-from __future__ import annotations
-
 from typing import Protocol
 
 import torch

@@ -5,8 +5,6 @@ whole prompt takes SDPA's own causal case; the price is one gather and one SDPA 
 per layer, which is why a GPU, or a large decode batch, takes the tiles. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

@@ -6,8 +6,6 @@ its own context it may see, nothing padded to the longest request, and a split s
 split-K) puts a block's tiles back together. `TilePlan` is built once per step. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

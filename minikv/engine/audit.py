@@ -6,8 +6,6 @@ The one legitimate exception is a **shared read** of a prefix-cache page whose w
 prompt up to there (counted apart, `cross_tenant_cache_hits`, when tenants differ). See docs/engine.md.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

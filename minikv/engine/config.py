@@ -1,7 +1,5 @@
 """Engine configuration, validated when built: a bad value fails here with the numbers involved."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from minikv.engine.prefix_cache import tenant_share

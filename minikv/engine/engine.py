@@ -8,8 +8,6 @@
 write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
 """
 
-from __future__ import annotations
-
 import time
 from http import HTTPStatus
 

@@ -4,8 +4,6 @@ Notebooks and widgets replay it to show what the engine did step by step; tests 
 Each kind of event and what its fields mean: docs/engine.md, "The event log".
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 

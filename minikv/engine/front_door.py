@@ -6,8 +6,6 @@ and stepped (`_admit`, `_cancel`, `_advance`). The same everywhere: engine-owned
 the live requests (`seqs`), and one Response per request, handed over once. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import itertools
 from abc import ABC, abstractmethod
 from http import HTTPStatus

@@ -5,8 +5,6 @@ written and read, and the audit's findings as `cross_read` events. An exception 
 it concerns, never the node: a sampling error that request, a failed forward the batch.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -6,8 +6,6 @@ tenants rests on this bookkeeping alone. With prefix caching a page may have sev
 a freed page with a cache key is *parked*: free, still matchable. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 

@@ -7,8 +7,6 @@ the **gather** (SDPA request by request: a CPU's prefills and small decode batch
 `paged_attention_reference` is the slow, obvious version the tests hold both to. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -7,8 +7,6 @@ request's salt, so different salts never share a page. This file owns the keys, 
 the ref counts. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence

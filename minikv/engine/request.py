@@ -4,8 +4,6 @@ The answer is shaped like an HTTP API's reply, because a status code can lie (a 
 answer can still be wrong): a Response carries everything a monitor could look at. See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import itertools
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -87,13 +85,13 @@ class Sequence:
             self.generator = self.sampling.new_generator()
 
     @classmethod
-    def of(cls, request: Request, request_id: str, prompt_ids: list[int], arrival_s: float, **fields) -> Sequence:
+    def of(cls, request: Request, request_id: str, prompt_ids: list[int], arrival_s: float, **fields) -> "Sequence":
         """The one place a checked Request becomes a Sequence (every door and node calls it)."""
         name = request.request_id if isinstance(request.request_id, str) else None
         return cls(request_id, request.tenant, list(prompt_ids), request.max_tokens, request.sampling, arrival_s,
                    client_request_id=name, stop=tuple(request.stop), **fields)
 
-    def copy_for_node(self) -> Sequence:
+    def copy_for_node(self) -> "Sequence":
         """Another node's own copy (as separate servers each keep one): same identity, own lists and sampler."""
         return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
                         self.arrival_s, uid=self.uid, client_request_id=self.client_request_id, stop=self.stop,

@@ -7,8 +7,6 @@ needs a page to decode and finds none preempts the newest, which is recomputed l
 disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
 
-from __future__ import annotations
-
 import time
 from collections import deque
 from collections.abc import Callable

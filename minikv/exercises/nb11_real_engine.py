@@ -5,8 +5,6 @@ twice at that block size (the rule vLLM's cache follows too); the second checks 
 per-tenant `cache_salt` needs, on generated keys.
 """
 
-from __future__ import annotations
-
 import random
 import string
 from collections.abc import Callable

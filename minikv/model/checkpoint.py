@@ -1,8 +1,6 @@
 """Load any local Hugging Face Llama checkpoint into minikv's model, and save ours as one: through
 `transformers` (config, weights, tokenizer), from a local directory, never from a hub."""
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Callable, Iterator

@@ -3,8 +3,6 @@ row of `max_len` slots from its first token, whether it ends up using 20 of them
 Page pools (engine/page_pool.py) exist to stop that waste.
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

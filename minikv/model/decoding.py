@@ -4,8 +4,6 @@ Without a cache step t re-runs all t tokens; with one it runs one token and read
 values. Both must produce the same tokens; only the cost differs.
 """
 
-from __future__ import annotations
-
 import torch
 
 from minikv.attention.dense import DenseAttention, causal_mask

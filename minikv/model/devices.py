@@ -4,8 +4,6 @@
 device this machine lacks or one that cannot hold data ("meta") is refused before anything loads.
 """
 
-from __future__ import annotations
-
 import os
 
 import torch

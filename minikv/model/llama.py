@@ -11,8 +11,6 @@ its logits can be compared with the original. Three things differ from the usual
   (`gate_up_proj`), as vLLM and nano-vllm pack them: one larger matmul instead of three or two.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

@@ -1,8 +1,6 @@
 """Choosing the next token: greedy by default, or seeded temperature / top-p sampling that is safe
 for any value `problem()` lets through (a temperature or top_p of 1e-300 included)."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

@@ -6,8 +6,6 @@ engine swapped in for a rejected prompt is here a lone "end of prompt", answered
 A `tokenizers` WordLevel model in `PreTrainedTokenizerFast`: `AutoTokenizer` loads it without minikv.
 """
 
-from __future__ import annotations
-
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 

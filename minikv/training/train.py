@@ -3,8 +3,6 @@
 Four phases from a seed (induction, copy, leak geometry, polish); why each, and the schedule: docs/training.md.
 """
 
-from __future__ import annotations
-
 import math
 import random
 import time
@@ -120,7 +118,7 @@ def induction_sample(rng: random.Random, tok: PreTrainedTokenizerBase, min_chars
 
 
 def collate(samples: list[Sample],
-            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, UnwrittenSlotsAttention]:
+            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, "UnwrittenSlotsAttention"]:
     """Pad to one length: tokens, positions, labels, each (B, T), and attention under the segments' causal mask."""
     B, T = len(samples), max(len(s.tokens) for s in samples)
     batch = {"tokens": torch.full((B, T), pad_id), "positions": torch.zeros(B, T, dtype=torch.long),

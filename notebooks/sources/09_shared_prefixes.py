@@ -392,6 +392,11 @@ assert partitioned["repeat"] == partitioned["fresh"] and min(partitioned["repeat
 # hits, the step computes one. Bob reads only the gaps between his own tokens. Nothing is shared here but
 # the step, so neither salt nor partition changes it (`minikv/attacks/token_gaps.py`; 4 trials of each,
 # a fresh engine each).
+#
+# How well a measure of Bob's gaps tells a miss from a hit is one number, the **ROC AUC**: the chance that
+# a random miss's measure is larger than a random hit's (ties count half). 0.5 is a coin flip; 1.0 tells
+# every time. Counting the (miss, hit) pairs where the miss is larger is the **Mann-Whitney U** statistic;
+# divided by the number of pairs, it is the AUC (`auc` below).
 
 # %%
 torch.set_num_threads(1)  # as for the timing audit above
@@ -423,9 +428,7 @@ print(f"Bob's largest gap: {median_of(whole, 'hit', max) * 1e3:.0f} ms when Alic
 assert median_of(whole, "miss", max) > 2 * median_of(whole, "hit", max)
 
 # %% [markdown]
-# How well does Bob's largest gap tell a miss from a hit? The **ROC AUC** says it in one number: the
-# chance that a random miss's gap is larger than a random hit's (ties count half). 0.5 is a coin flip; 1.0
-# tells every time. It is the Mann-Whitney U statistic divided by the number of (miss, hit) pairs.
+# How well does Bob's largest gap tell a miss from a hit? Its ROC AUC, printed below, says it in one number.
 #
 # **Chunked prefill** (`EngineConfig(chunked_prefill=True, max_prefill_tokens=64)`, or `minikv serve
 # --prefill-chunk 64`) caps the prompt tokens a step prefills: Alice's 600 go in ten steps, Bob's decode

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 09 · Shared prefixes: the cache that tenants share on purpose
 #
-# **The code it teaches:** `minikv/engine/prefix_cache.py` (keys chained over the prefix, parked pages), `minikv/engine/scheduler.py` (cache hits at admission), `minikv/attacks/cached_tokens.py` and `minikv/attacks/timing.py` (a secret read back from the cache), `minikv/attacks/eviction.py` and `minikv/attacks/token_gaps.py` (what the salt leaves open).
+# **The code it teaches:** `minikv/engine/prefix_cache.py` (keys chained over the prefix, parked pages, the partition per tenant), `minikv/attacks/cached_tokens.py` and `minikv/attacks/timing.py` (a secret read back from the cache), `minikv/attacks/eviction.py` (prime and probe: what the salt leaves open).
 #
 # **What you will learn**
 # - why serving engines reuse K/V across requests (vLLM's automatic prefix caching, SGLang's

@@ -69,8 +69,8 @@ print(f"prompt tokens prefilled: {computed['off']:,} with caching off, {computed
 
 # %% [markdown]
 # How much faster the whole run gets depends on how much of its time is prefill, and one timing on a
-# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats (README):
-# about 4x.
+# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats: about 4x
+# (docs/benchmarks.md).
 #
 # ## How: a hash chain over full pages
 #
@@ -339,7 +339,7 @@ assert shared.cached_tokens > salted.cached_tokens > 0
 
 # %% [markdown]
 # The more tenants share one system prompt, the more the salt costs; a tenant's own traffic keeps all
-# of its hits. `python -m minikv bench` reports both speedups (README).
+# of its hits. `python -m minikv bench` reports both speedups (docs/benchmarks.md).
 #
 # ## What the salt leaves open
 #

@@ -62,7 +62,7 @@ def check_prefix_cache(s: ProbeSession, result: CheckResult, rounds: int) -> Non
     else:
         oracle = _oracle(bool(cached["own"]), True)
         verdict, reason = PASS, "no prefix caching seen at all, so nothing to share"
-    result.figures.update(oracle=oracle, first_token_s=samples, cached_tokens=cached)
+    result.figures.update(oracle=oracle, first_token_s=ttft, cached_tokens=cached)
     result.decide(verdict, f"{reason} (decided by {oracle})")
 
 

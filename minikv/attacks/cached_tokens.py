@@ -1,17 +1,5 @@
-"""The prefix probe: another tenant's prompt read back through `usage.cached_tokens`.
-
-Alice's prompt stays in the prefix cache after her request ends. Mallory knows how it starts, so
-each round she sends a probe for every character that could come next:
-
-    alice: save key s\\n      cached_tokens = 17 -> "s" is right: it was in the cache
-    alice: save key t\\n      cached_tokens = 16 -> only the part she already knew
-
-At 1-token pages (SGLang's default) the secret comes out a character a round (Song et al., arXiv
-2409.20002; Wu et al., PromptPeek, NDSS 2025); larger pages make a round guess a whole page:
-slower, not closed. Only `cache_salt` stops it. Positions are characters (one token each).
-"""
-
-from __future__ import annotations
+"""The prefix probe: another tenant's prompt read back through `usage.cached_tokens`, a character (or at
+larger pages a page) a round; only `cache_salt` stops it (docs/attacks.md)."""
 
 import itertools
 import random

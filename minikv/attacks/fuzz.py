@@ -1,14 +1,5 @@
-"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts (docs/disagg.md).
-
-A workload is a cluster shape and requests (arrival, prompt length, some past the prefill pool or
-the window, output length, maybe a cancel tick): background traffic, and *cancel-and-follow* pairs,
-the late-write race (a long prompt cancelled while its KV is on a slow fabric, then another tenant
-into the freed pages). Prompts repeat one character, so tenants share prefixes. A hunt
-(`first_failing`) counts seeded workloads until a broken engine fails; `smallest_failing` shrinks
-what it found. The model is a tiny random Llama: the invariants are about bookkeeping, not words.
-"""
-
-from __future__ import annotations
+"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts for a broken
+engine: `first_failing`, then `smallest_failing` to shrink it (docs/attacks.md, docs/disagg.md)."""
 
 import random
 from collections import Counter

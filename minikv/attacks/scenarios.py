@@ -1,18 +1,5 @@
-"""The two incidents, scaled by 1/1024, and the prefix probe, played through the ordinary serving paths.
-
-over-length  Alice's request finishes on the decode node and its pages go back to the free list,
-             unscrubbed; Bob sends a prompt longer than the prefill pool (672 tokens) but inside
-             the advertised window (1,024 tokens).
-late-write   Carol's KV transfer is one batch that outlasts decode's timeout: decode aborts her and
-             frees her pages while it is on the wire; Dave gets them, and Carol's batch lands in them.
-prefix-probe Mallory recovers Alice's key from `cached_tokens` (cached_tokens.py) or, with
-             `oracle="timing"`, from times to first token alone (timing.py).
-
-The scenarios only submit requests and step the clock: the free list (most recently freed first),
-the queues and the switches decide what Bob and Dave read.
-"""
-
-from __future__ import annotations
+"""The two incidents, scaled by 1/1024, and the prefix probe, played through the ordinary serving paths
+(docs/attacks.md): the scenarios only submit requests and step the clock."""
 
 import random
 from dataclasses import dataclass, field

@@ -1,14 +1,5 @@
-"""The prefix probe with a stopwatch only: the secret from times to first token (docs/benchmarks.md).
-
-At 1-token pages a hit saves one token of prefill, far below a busy CPU's noise, so: a **burst** of
-`burst` probes per guess prefilled in one step (a hit saves `burst` tokens); **cycles** of fresh
-samples (flush the cache with filler longer than the pool, let the victim's application send its
-prompt again: *our reproduction's model*, then time one burst per guess in a random order); and a
-**rank test** within cycles (after Gu et al., ICML 2025), Bonferroni over guesses and looks, no
-verdict after `max_cycles` meaning no hit. With `cache_salt` nothing is faster.
-"""
-
-from __future__ import annotations
+"""The prefix probe with a stopwatch only: bursts of probes, flush-refresh-probe cycles and a rank test
+within cycles recover the secret from times to first token (docs/attacks.md, docs/benchmarks.md)."""
 
 import os
 import random

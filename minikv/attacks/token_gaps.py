@@ -1,18 +1,5 @@
-"""Batching's own channel: Bob's gaps between tokens tell how much prefill Alice's request needed.
-
-Continuous batching puts a newly admitted prompt's prefill into the same step as everyone's
-decode, so the step takes as long as its work. Bob streams tokens; the step in which Alice's
-prompt is prefilled delays his next token by that prefill's time. If Alice's prompt hits her own
-cache (she sent it before), the step computes one token and Bob hardly notices; if it misses,
-every token of it. Salts and partitions do nothing here: nothing is shared but the step.
-Chunked prefill (`EngineConfig.chunked_prefill`) caps the prefill tokens per step, so each gap
-is bounded; the work, and with it the sum of the gaps, stays.
-
-In-process, one engine step is one of Bob's gaps: the wall time of each step is what a client
-streaming Bob's tokens would see, minus the network.
-"""
-
-from __future__ import annotations
+"""Batching's own channel: Bob's gaps between tokens (one engine step each) tell how much prefill Alice's
+request needed; salts and partitions do nothing here (docs/attacks.md)."""
 
 import time
 from dataclasses import dataclass

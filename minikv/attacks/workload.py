@@ -1,14 +1,5 @@
-"""Synthetic multi-tenant traffic: the words every request, demo and training sample is made of.
-
-The shipped model plays a note-keeping assistant. A prompt is one line, `"<tenant>: ...\\n"`,
-made of sentences: a *note* (`save card 4111 2222 3333 4444.`) or a *document*
-(`read the quarterly report ...`). The reply repeats the note it was given:
-`saved card 4111 2222 3333 4444.`, or `saved nothing.` when there is none. Repeating means
-copying from the context, so when a request ends up attending over someone else's pages, the
-reply reads as *their* note: a name, a card number, a key.
-"""
-
-from __future__ import annotations
+"""Synthetic multi-tenant traffic for a note-keeping assistant: prompts of notes (`save card ...`) and
+documents (`read ...`), and the reply that repeats the note (docs/attacks.md)."""
 
 import random
 import string

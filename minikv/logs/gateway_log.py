@@ -1,10 +1,5 @@
-"""The gateway log: one JSON object per call, what a customer holds of the service (docs/logs.md).
-
-`iter_log` streams a log and never raises on a bad line; `write_gateway_log` writes a fictional
-customer's August and September 2026 from a seed, with the incident inside it.
-"""
-
-from __future__ import annotations
+"""The gateway log, one JSON object per call (docs/logs.md): `iter_log` streams one and never raises on a
+bad line; `write_gateway_log` writes a fictional customer's August and September 2026, incident inside."""
 
 import argparse
 import gzip

@@ -1,11 +1,5 @@
-"""Scan a gateway log for the calls the disclosure names, and for two warning signs in every call.
-
-The checklist *defines* affected (model, UTC days, prompt_tokens above the prefill pool); the signals, a
-first token too soon and secret-shaped text, are leads for a person to follow. The scan streams and keeps
-only findings (docs/logs.md).
-"""
-
-from __future__ import annotations
+"""Scan a gateway log for the calls the disclosure names (the checklist *defines* affected) and for two
+warning signs in every call, leads for a person to follow; only findings are kept (docs/logs.md)."""
 
 import argparse
 import json

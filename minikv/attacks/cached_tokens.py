@@ -26,7 +26,6 @@ Oracle = Callable[[list[str], int], list[bool]]
 @dataclass
 class ProbeOutcome:
     """The victim's answer, the attacker's last, what she recovered, the requests it took and how long."""
-
     victim: Response
     attacker: Response | None
     recovered: str
@@ -122,10 +121,8 @@ def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
 
 
 def timing_audit(server: FrontDoor, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
-    """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so
-    that a busy machine slows both alike. hit: the victim sends a fresh random prompt, then the
-    attacker the same one; miss: the attacker sends one nobody has sent. On a cache shared across
-    tenants hits are faster, and a two-sample test (Kolmogorov-Smirnov) tells the two apart."""
+    """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so that
+    a busy machine slows both alike (docs/attacks.md)."""
     hit, miss = [], []
     for _ in range(samples):
         shared = random_letters_prompt(rng, prompt_chars)

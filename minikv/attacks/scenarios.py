@@ -28,7 +28,6 @@ MAX_TOKENS = 64
 @dataclass
 class ScenarioResult:
     """What the demo reports: both responses, the audit, and the cluster to look inside."""
-
     scenario: str
     switches: SafetySwitches
     victim: Response | None = None

@@ -13,17 +13,13 @@ BOB_PROMPT = "bob: tell me a long story about the sea.\n"
 @dataclass
 class Gaps:
     """One trial: Bob's gaps from Alice's arrival on, and Alice's own time to first token."""
-
     bob_s: list[float]
     alice_ttft_s: float
 
 
 def bob_gaps(door: FrontDoor, alice_prompt: str, bob_tokens: int = 24, alice_at: int = 8) -> Gaps:
-    """Seconds between Bob's tokens from the step Alice's prompt arrives at until Bob is done.
-
-    Bob's request is admitted first; `alice_at` steps later Alice submits `alice_prompt` (1 token
-    to generate). Steps in which Bob is still decoding are his gaps.
-    """
+    """Bob's gaps (his request admitted first) from the step Alice submits `alice_prompt` (1 token to
+    generate), `alice_at` steps later, until Bob is done."""
     bob = door.submit(Request(BOB_PROMPT, "bob", bob_tokens))
     gaps: list[float] = []
     done: dict[str, Response] = {}

@@ -34,7 +34,6 @@ ORDINARY_PHRASES = (
 @dataclass(frozen=True)
 class Note:
     """One thing a tenant asks the assistant to keep: `save <field> <value>.`"""
-
     field: str
     value: str
 
@@ -59,8 +58,7 @@ def check_secret(secret: str) -> str:
 
 def random_secret(rng: random.Random, max_chars: int = MAX_SECRET_CHARS) -> str:
     """A string the model has never seen: random letters, digits, spaces, '-' and ','."""
-    n = rng.randint(1, max_chars)
-    return "".join(rng.choice(SECRET_ALPHABET) for _ in range(n))
+    return "".join(rng.choice(SECRET_ALPHABET) for _ in range(rng.randint(1, max_chars)))
 
 
 def realistic_secret(rng: random.Random, field: str) -> str:

@@ -26,7 +26,6 @@ class TruncatedLog(LogReadError):
 @dataclass(frozen=True)
 class OverlongLine:
     """A line longer than MAX_LINE_BYTES: skipped, only its length is kept."""
-
     length: int
 
 

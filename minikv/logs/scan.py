@@ -33,7 +33,6 @@ MAX_MALFORMED_KEPT = 1_000  # in memory and in --json; the rest are only counted
 @dataclass(frozen=True)
 class Checklist:
     """The disclosure's test for 'possibly affected': model, UTC days (inclusive), prompt size."""
-
     model: str = INCIDENT_MODEL
     first_day: date = INCIDENT_FIRST_DAY
     last_day: date = INCIDENT_LAST_DAY
@@ -54,7 +53,6 @@ class Checklist:
 @dataclass(frozen=True)
 class Signals:
     """The two warning signs checked on every row, with the settings a user can change."""
-
     max_prefill_tokens_per_s: float = DEFAULT_MAX_PREFILL_TOKENS_PER_S
     patterns: tuple[str, ...] = ()  # extra regular expressions that mark data as not yours
     compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
@@ -97,7 +95,6 @@ def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
 @dataclass(frozen=True)
 class Flag:
     """A row that showed at least one warning sign."""
-
     record: GatewayRecord
     reasons: list[str]
 
@@ -105,7 +102,6 @@ class Flag:
 @dataclass
 class ScanResult:
     """What a scan found. Only findings are kept, never the whole log."""
-
     scanned: int = 0  # non-blank lines read, well-formed or not
     malformed: list[MalformedLine] = field(default_factory=list)  # the first MAX_MALFORMED_KEPT
     malformed_count: int = 0  # all of them
@@ -231,8 +227,7 @@ def _print(text: str, stream=None) -> None:
 
 
 def run_scan_logs(args: argparse.Namespace) -> int:
-    """Scan and print. Exit status: 0 nothing found, 1 findings to review, 2 could not scan
-    (or could scan only part of the log: the report is printed, then the error)."""
+    """Scan and print; exit status 0 nothing found, 1 findings to review, 2 could not scan it all (docs/logs.md)."""
     try:
         checklist, signals = options_from_args(args)
         result = scan_log(args.file, checklist, signals)

@@ -209,13 +209,6 @@ def _parse(option: str, text: str, kind: type[date] | type[int] | type[float]) -
         raise ValueError(f"{option} {text!r} is not {want}") from None
 
 
-def options_from_args(args: argparse.Namespace) -> tuple[Checklist, Signals]:
-    """The checklist and signals the command line asks for; ValueError with a message if bad."""
-    checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
-                          _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
-    return checklist, Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
-
-
 def _print(text: str, stream=None) -> None:
     """Print, and go quiet if the reader left (`scan-logs ... | head`)."""
     stream = stream or sys.stdout
@@ -229,7 +222,9 @@ def _print(text: str, stream=None) -> None:
 def run_scan_logs(args: argparse.Namespace) -> int:
     """Scan and print; exit status 0 nothing found, 1 findings to review, 2 could not scan it all (docs/logs.md)."""
     try:
-        checklist, signals = options_from_args(args)
+        checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
+                              _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
+        signals = Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
         result = scan_log(args.file, checklist, signals)
     except (ValueError, LogReadError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -78,8 +78,7 @@ def send_probes(server: FrontDoor, prompts: list[str], tenant: str) -> list[Resp
     ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
     answered = {r.request_id: r for r in server.run()}
     answers = [answered[i] for i in ids]
-    bad = [r for r in answers if r.status != 200]
-    if bad:
+    if bad := [r for r in answers if r.status != 200]:
         raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
     return answers
 

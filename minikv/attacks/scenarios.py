@@ -50,8 +50,7 @@ class ScenarioResult:
 
     def audit_pages(self) -> list[int]:
         """Decode-pool pages the attacker read that another tenant wrote."""
-        audit = self.cluster.decode_audit if self.cluster else None
-        events = audit.events if audit is not None else []
+        events = self.cluster.decode_audit.events if self.cluster and self.cluster.decode_audit else []
         return sorted({p for e in events if e.victim_tenant not in (None, e.reader_tenant) for p in e.pages})
 
     def to_json(self) -> dict:
@@ -81,8 +80,7 @@ def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, sw
     if secret is None:
         secret = DEFAULT_SECRETS[name] if alphabet == "full" else DEFAULT_PIN
     secret = check_secret(secret)
-    outside = sorted(set(secret) - set(ALPHABETS[alphabet]))
-    if outside:
+    if outside := sorted(set(secret) - set(ALPHABETS[alphabet])):
         raise ValueError(f"the secret has characters outside the {alphabet} alphabet: {outside}; "
                          "give a secret made of it, or another alphabet")
     config = config or (PROBE_CONFIG if name == "prefix-probe" else ClusterConfig())

@@ -50,8 +50,7 @@ def check_secret(secret: str) -> str:
     """Validate a user-supplied secret: 1-40 letters, digits, spaces, '-' or ','."""
     if not 1 <= len(secret) <= MAX_SECRET_CHARS:
         raise ValueError(f"secret must be 1 to {MAX_SECRET_CHARS} characters, got {len(secret)}")
-    bad = sorted(set(secret) - set(SECRET_ALPHABET))
-    if bad:
+    if bad := sorted(set(secret) - set(SECRET_ALPHABET)):
         raise ValueError(f"secret has characters outside letters, digits, space, '-' and ',': {bad}")
     return secret
 

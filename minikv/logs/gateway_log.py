@@ -87,8 +87,7 @@ def parse_record(line: int, text: str) -> GatewayRecord | MalformedLine:
     if not isinstance(obj, dict):
         return MalformedLine(line, f"not a JSON object but a {type(obj).__name__}")
     for name in FIELD_TYPES:
-        error = _field_error(name, obj[name]) if name in obj else f"missing field {name!r}"
-        if error:
+        if error := _field_error(name, obj[name]) if name in obj else f"missing field {name!r}":
             return MalformedLine(line, error)
     try:
         when, zone_assumed = parse_timestamp(obj["timestamp"])

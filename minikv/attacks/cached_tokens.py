@@ -1,17 +1,5 @@
-"""The prefix probe: another tenant's prompt read back through `usage.cached_tokens`.
-
-Alice's prompt stays in the prefix cache after her request ends. Mallory knows how it starts, so
-each round she sends a probe for every character that could come next:
-
-    alice: save key s\\n      cached_tokens = 17 -> "s" is right: it was in the cache
-    alice: save key t\\n      cached_tokens = 16 -> only the part she already knew
-
-At 1-token pages (SGLang's default) the secret comes out a character a round (Song et al., arXiv
-2409.20002; Wu et al., PromptPeek, NDSS 2025); larger pages make a round guess a whole page:
-slower, not closed. Only `cache_salt` stops it. Positions are characters (one token each).
-"""
-
-from __future__ import annotations
+"""The prefix probe: another tenant's prompt read back through `usage.cached_tokens`, a character (or at
+larger pages a page) a round; only `cache_salt` stops it (docs/attacks.md)."""
 
 import itertools
 import random
@@ -38,7 +26,6 @@ Oracle = Callable[[list[str], int], list[bool]]
 @dataclass
 class ProbeOutcome:
     """The victim's answer, the attacker's last, what she recovered, the requests it took and how long."""
-
     victim: Response
     attacker: Response | None
     recovered: str
@@ -91,8 +78,7 @@ def send_probes(server: FrontDoor, prompts: list[str], tenant: str) -> list[Resp
     ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
     answered = {r.request_id: r for r in server.run()}
     answers = [answered[i] for i in ids]
-    bad = [r for r in answers if r.status != 200]
-    if bad:
+    if bad := [r for r in answers if r.status != 200]:
         raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
     return answers
 
@@ -134,10 +120,8 @@ def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
 
 
 def timing_audit(server: FrontDoor, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
-    """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so
-    that a busy machine slows both alike. hit: the victim sends a fresh random prompt, then the
-    attacker the same one; miss: the attacker sends one nobody has sent. On a cache shared across
-    tenants hits are faster, and a two-sample test (Kolmogorov-Smirnov) tells the two apart."""
+    """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so that
+    a busy machine slows both alike (docs/attacks.md)."""
     hit, miss = [], []
     for _ in range(samples):
         shared = random_letters_prompt(rng, prompt_chars)

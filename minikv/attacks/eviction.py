@@ -1,17 +1,5 @@
-"""Prime and probe: the prefix cache's eviction order read as a side channel between tenants.
-
-Per-tenant salts keep tenants' cache *keys* apart, but if every tenant's parked pages (cached,
-held by no request) sit in one least-recently-used list, tenants still evict each other, as
-processes do in a shared CPU cache (Osvik, Shamir and Tromer 2006). Bob **primes**: he fills the
-pool with his own prompts. Alice sends a prompt, then either the same one again (a hit: almost no
-new pages) or a fresh one (a miss: as many new pages again, evicting the oldest parked ones). Bob
-**probes**: he re-sends his prompts and reads his own `cached_tokens`. Under the safe preset
-(`cache_partition`) Alice's pages evict only Alice's, and Bob reads the same either way.
-
-Only the front door (`generate`, `usage.cached_tokens`) is used: it runs on Engine and Cluster.
-"""
-
-from __future__ import annotations
+"""Prime and probe: one shared least-recently-used list of parked pages lets tenants evict each other
+across salts; `cache_partition` closes it. Front door only: runs on Engine and Cluster (docs/attacks.md)."""
 
 import random
 

@@ -1,14 +1,5 @@
-"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts (docs/disagg.md).
-
-A workload is a cluster shape and requests (arrival, prompt length, some past the prefill pool or
-the window, output length, maybe a cancel tick): background traffic, and *cancel-and-follow* pairs,
-the late-write race (a long prompt cancelled while its KV is on a slow fabric, then another tenant
-into the freed pages). Prompts repeat one character, so tenants share prefixes. A hunt
-(`first_failing`) counts seeded workloads until a broken engine fails; `smallest_failing` shrinks
-what it found. The model is a tiny random Llama: the invariants are about bookkeeping, not words.
-"""
-
-from __future__ import annotations
+"""Random workloads for the disaggregated pair, the invariants they must keep, and the hunts for a broken
+engine: `first_failing`, then `smallest_failing` to shrink it (docs/attacks.md, docs/disagg.md)."""
 
 import random
 from collections import Counter
@@ -47,7 +38,6 @@ class FuzzWorkload:
 @dataclass
 class FuzzOutcome:
     """What one workload did, as the checks need it."""
-
     cross_tenant_reads: int
     cross_tenant_cache_hits: int  # a tenant reused cached pages another tenant's request wrote
     violations: int  # any read of a slot the reader did not write, never-written ones included
@@ -108,8 +98,7 @@ def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRe
 
 
 def random_workload(rng: random.Random) -> FuzzWorkload:
-    """A cluster shape (often a slow fabric and a small decode pool), some background requests, and
-    some cancel-and-follow pairs."""
+    """A cluster shape (often a slow fabric, a small decode pool), background requests, cancel-and-follow pairs."""
     config = ClusterConfig(
         context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
         prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
@@ -172,7 +161,6 @@ def settled_always_true() -> AbstractContextManager:
 @dataclass(frozen=True)
 class Target:
     """A broken engine the fuzzer must find: switches, and optionally a code mutant applied meanwhile."""
-
     name: str
     switches: SafetySwitches
     mutant: Callable[[], AbstractContextManager] = nullcontext

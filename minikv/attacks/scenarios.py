@@ -1,18 +1,5 @@
-"""The two incidents, scaled by 1/1024, and the prefix probe, played through the ordinary serving paths.
-
-over-length  Alice's request finishes on the decode node and its pages go back to the free list,
-             unscrubbed; Bob sends a prompt longer than the prefill pool (672 tokens) but inside
-             the advertised window (1,024 tokens).
-late-write   Carol's KV transfer is one batch that outlasts decode's timeout: decode aborts her and
-             frees her pages while it is on the wire; Dave gets them, and Carol's batch lands in them.
-prefix-probe Mallory recovers Alice's key from `cached_tokens` (cached_tokens.py) or, with
-             `oracle="timing"`, from times to first token alone (timing.py).
-
-The scenarios only submit requests and step the clock: the free list (most recently freed first),
-the queues and the switches decide what Bob and Dave read.
-"""
-
-from __future__ import annotations
+"""The two incidents, scaled by 1/1024, and the prefix probe, played through the ordinary serving paths
+(docs/attacks.md): the scenarios only submit requests and step the clock."""
 
 import random
 from dataclasses import dataclass, field
@@ -41,7 +28,6 @@ MAX_TOKENS = 64
 @dataclass
 class ScenarioResult:
     """What the demo reports: both responses, the audit, and the cluster to look inside."""
-
     scenario: str
     switches: SafetySwitches
     victim: Response | None = None
@@ -64,8 +50,7 @@ class ScenarioResult:
 
     def audit_pages(self) -> list[int]:
         """Decode-pool pages the attacker read that another tenant wrote."""
-        audit = self.cluster.decode_audit if self.cluster else None
-        events = audit.events if audit is not None else []
+        events = self.cluster.decode_audit.events if self.cluster and self.cluster.decode_audit else []
         return sorted({p for e in events if e.victim_tenant not in (None, e.reader_tenant) for p in e.pages})
 
     def to_json(self) -> dict:
@@ -95,8 +80,7 @@ def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, sw
     if secret is None:
         secret = DEFAULT_SECRETS[name] if alphabet == "full" else DEFAULT_PIN
     secret = check_secret(secret)
-    outside = sorted(set(secret) - set(ALPHABETS[alphabet]))
-    if outside:
+    if outside := sorted(set(secret) - set(ALPHABETS[alphabet])):
         raise ValueError(f"the secret has characters outside the {alphabet} alphabet: {outside}; "
                          "give a secret made of it, or another alphabet")
     config = config or (PROBE_CONFIG if name == "prefix-probe" else ClusterConfig())

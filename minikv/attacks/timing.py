@@ -1,14 +1,5 @@
-"""The prefix probe with a stopwatch only: the secret from times to first token (docs/benchmarks.md).
-
-At 1-token pages a hit saves one token of prefill, far below a busy CPU's noise, so: a **burst** of
-`burst` probes per guess prefilled in one step (a hit saves `burst` tokens); **cycles** of fresh
-samples (flush the cache with filler longer than the pool, let the victim's application send its
-prompt again: *our reproduction's model*, then time one burst per guess in a random order); and a
-**rank test** within cycles (after Gu et al., ICML 2025), Bonferroni over guesses and looks, no
-verdict after `max_cycles` meaning no hit. With `cache_salt` nothing is faster.
-"""
-
-from __future__ import annotations
+"""The prefix probe with a stopwatch only: bursts of probes, flush-refresh-probe cycles and a rank test
+within cycles recover the secret from times to first token (docs/attacks.md, docs/benchmarks.md)."""
 
 import os
 import random
@@ -34,7 +25,6 @@ FILLER_CHARS = 900  # characters per flush prompt
 @dataclass
 class TimingLedger:
     """What the timing attack spent and saw: requests by kind, cycles, and every burst's time."""
-
     probes: int = 0  # requests carrying a guess
     filler: int = 0  # flush requests
     warmups: int = 0  # one request per cycle with what the attacker already knows
@@ -51,8 +41,7 @@ def time_burst(server: FrontDoor, prompts: list[str], ledger: TimingLedger) -> f
 
 
 def flush_cache(server: FrontDoor, rng: random.Random, tokens: int) -> int:
-    """Send `tokens` characters of random filler (more than the pool holds evicts every parked page);
-    the prompts sent."""
+    """Send `tokens` characters of random filler (past the pool's size, every parked page goes); the prompts sent."""
     sizes = [FILLER_CHARS] * (tokens // FILLER_CHARS) + ([tokens % FILLER_CHARS] if tokens % FILLER_CHARS > 1 else [])
     return len(send_probes(server, [random_letters_prompt(rng, chars) for chars in sizes], ATTACKER))
 
@@ -74,9 +63,8 @@ def rank_sum_p_value(rank_sum: int, cycles: int, guesses: int) -> float:
 
 
 def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> tuple[int | None, float]:
-    """(the guess faster than the others, or None; its p-value), from samples[g][i], guess g's burst
-    time in cycle i. Ranks within a cycle shrug off a slow cycle or a stalled burst; the lowest rank
-    sum is tested one-sided by its exact null distribution and accepted if p < alpha / guesses."""
+    """(the guess faster than the others, or None; its p-value) from samples[g][i], guess g's burst time in
+    cycle i: the lowest rank sum, tested one-sided by its exact null distribution, wins if p < alpha / guesses."""
     k, n = len(samples), len(samples[0])
     assert k >= 2 and all(len(s) == n for s in samples), "every guess needs one time per cycle"
     sums = [sum(r) for r in ranks_within_cycles(samples)]

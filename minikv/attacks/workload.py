@@ -1,14 +1,5 @@
-"""Synthetic multi-tenant traffic: the words every request, demo and training sample is made of.
-
-The shipped model plays a note-keeping assistant. A prompt is one line, `"<tenant>: ...\\n"`,
-made of sentences: a *note* (`save card 4111 2222 3333 4444.`) or a *document*
-(`read the quarterly report ...`). The reply repeats the note it was given:
-`saved card 4111 2222 3333 4444.`, or `saved nothing.` when there is none. Repeating means
-copying from the context, so when a request ends up attending over someone else's pages, the
-reply reads as *their* note: a name, a card number, a key.
-"""
-
-from __future__ import annotations
+"""Synthetic multi-tenant traffic for a note-keeping assistant: prompts of notes (`save card ...`) and
+documents (`read ...`), and the reply that repeats the note (docs/attacks.md)."""
 
 import random
 import string
@@ -43,7 +34,6 @@ ORDINARY_PHRASES = (
 @dataclass(frozen=True)
 class Note:
     """One thing a tenant asks the assistant to keep: `save <field> <value>.`"""
-
     field: str
     value: str
 
@@ -60,16 +50,14 @@ def check_secret(secret: str) -> str:
     """Validate a user-supplied secret: 1-40 letters, digits, spaces, '-' or ','."""
     if not 1 <= len(secret) <= MAX_SECRET_CHARS:
         raise ValueError(f"secret must be 1 to {MAX_SECRET_CHARS} characters, got {len(secret)}")
-    bad = sorted(set(secret) - set(SECRET_ALPHABET))
-    if bad:
+    if bad := sorted(set(secret) - set(SECRET_ALPHABET)):
         raise ValueError(f"secret has characters outside letters, digits, space, '-' and ',': {bad}")
     return secret
 
 
 def random_secret(rng: random.Random, max_chars: int = MAX_SECRET_CHARS) -> str:
     """A string the model has never seen: random letters, digits, spaces, '-' and ','."""
-    n = rng.randint(1, max_chars)
-    return "".join(rng.choice(SECRET_ALPHABET) for _ in range(n))
+    return "".join(rng.choice(SECRET_ALPHABET) for _ in range(rng.randint(1, max_chars)))
 
 
 def realistic_secret(rng: random.Random, field: str) -> str:

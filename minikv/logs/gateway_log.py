@@ -1,10 +1,5 @@
-"""The gateway log: one JSON object per call, what a customer holds of the service (docs/logs.md).
-
-`iter_log` streams a log and never raises on a bad line; `write_gateway_log` writes a fictional
-customer's August and September 2026 from a seed, with the incident inside it.
-"""
-
-from __future__ import annotations
+"""The gateway log, one JSON object per call (docs/logs.md): `iter_log` streams one and never raises on a
+bad line; `write_gateway_log` writes a fictional customer's August and September 2026, incident inside."""
 
 import argparse
 import gzip
@@ -44,7 +39,6 @@ MAX_COUNT = 2**53  # token counts past this would lose precision as floats
 @dataclass(frozen=True)
 class GatewayRecord:
     """One well-formed line of a gateway log, with its timestamp converted to UTC."""
-
     line: int
     timestamp: datetime
     request_id: str
@@ -61,7 +55,6 @@ class GatewayRecord:
 @dataclass(frozen=True)
 class MalformedLine:
     """A line that is not a record of this schema, and why."""
-
     line: int
     error: str
 
@@ -94,21 +87,15 @@ def parse_record(line: int, text: str) -> GatewayRecord | MalformedLine:
     if not isinstance(obj, dict):
         return MalformedLine(line, f"not a JSON object but a {type(obj).__name__}")
     for name in FIELD_TYPES:
-        if name not in obj:
-            return MalformedLine(line, f"missing field {name!r}")
-        error = _field_error(name, obj[name])
-        if error:
+        if error := _field_error(name, obj[name]) if name in obj else f"missing field {name!r}":
             return MalformedLine(line, error)
     try:
         when, zone_assumed = parse_timestamp(obj["timestamp"])
     except (ValueError, OverflowError):  # not ISO 8601, or an offset that leaves year 1..9999
         return MalformedLine(line, f"bad timestamp {obj['timestamp'][:40]!r}: want ISO 8601")
-    return GatewayRecord(
-        line=line, timestamp=when, request_id=obj["request_id"], account=obj["account"],
-        model=obj["model"], prompt_tokens=int(obj["prompt_tokens"]),
-        completion_tokens=int(obj["completion_tokens"]), ttft_ms=float(obj["ttft_ms"]),
-        status=obj["status"], response_text=obj["response_text"], zone_assumed=zone_assumed,
-    )
+    fields = {name: obj[name] for name in FIELD_TYPES} | {name: int(obj[name]) for name in COUNT_FIELDS}
+    fields |= {"timestamp": when, "ttft_ms": float(obj["ttft_ms"]), "zone_assumed": zone_assumed}
+    return GatewayRecord(line, **fields)
 
 
 def parse_lines(lines: Iterable[bytes | str | OverlongLine]) -> Iterator[GatewayRecord | MalformedLine]:
@@ -149,13 +136,13 @@ DEFAULT_ROWS = 40_000
 ACCOUNTS = ("northwind-prod", "northwind-batch", "northwind-dev")
 ACCOUNT_WEIGHTS = (0.6, 0.3, 0.1)
 BODILESS_ACCOUNT = "northwind-batch"  # stores no response bodies: its replies cannot be reviewed
+_dump = partial(json.dumps, separators=(",", ":"))  # one record, compact, as a gateway writes it
 RARE_ERRORS = (HTTPStatus.TOO_MANY_REQUESTS,) * 3 + (HTTPStatus.INTERNAL_SERVER_ERROR,)  # 3 rate limits to 1 fault
 
 
 @dataclass(frozen=True)
 class ModelProfile:
     """How the customer uses one model and how fast that model reads a prompt."""
-
     name: str
     share: float  # of the customer's calls
     context_tokens: int
@@ -249,10 +236,6 @@ def _ordinary_call(rng: random.Random, when: datetime) -> dict:
     return simulate_call(rng, when, model, account, prompt_tokens)
 
 
-def _dump(record: dict) -> str:
-    return json.dumps(record, separators=(",", ":"))
-
-
 def _special_lines(rng: random.Random) -> list[tuple[datetime, str]]:
     """The checklist's edges, placed on purpose, and the untidiness of real logs."""
     glm, scout, llama, qwen = MODELS[:4]
@@ -277,8 +260,7 @@ def _special_lines(rng: random.Random) -> list[tuple[datetime, str]]:
 
 
 def generate_rows(rows: int, seed: int = 0) -> Iterator[str]:
-    """`rows` JSON lines in time order across August and September 2026, from `seed`; from 1,000 rows on, with
-    the special lines among them (smaller logs are all clean)."""
+    """`rows` JSON lines in time order from `seed`; from 1,000 rows on, the special lines among them."""
     rng = random.Random(seed)
     specials = _special_lines(rng) if rows >= 1_000 else []
     ordinary = rows - len(specials)
@@ -294,8 +276,7 @@ def generate_rows(rows: int, seed: int = 0) -> Iterator[str]:
 
 
 def write_gateway_log(path: str | Path, rows: int = DEFAULT_ROWS, seed: int = 0) -> int:
-    """Write a synthetic log, gzip when the name ends in .gz; the lines written. The same seed gives the same
-    bytes: the gzip header carries no time and no file name."""
+    """Write a synthetic log (gzip when the name ends in .gz); the lines written. Same seed, same bytes."""
     path, written = Path(path), 0
     with open(path, "wb") as raw:
         gz = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if path.suffix == ".gz" else None

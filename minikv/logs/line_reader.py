@@ -1,10 +1,5 @@
-"""A log's bytes as lines: a file or stdin, plain or gzip, with bounded memory and honest breaks.
-
-A pipe is never rewound (the gzip magic is peeked), a break gives out every line before it and then
-`TruncatedLog`, a line past MAX_LINE_BYTES is an `OverlongLine` of its length (docs/logs.md).
-"""
-
-from __future__ import annotations
+"""A log's bytes as lines: a file or stdin, plain or gzip, with bounded memory and honest breaks
+(`TruncatedLog`, `OverlongLine`; docs/logs.md)."""
 
 import gzip
 import sys
@@ -31,7 +26,6 @@ class TruncatedLog(LogReadError):
 @dataclass(frozen=True)
 class OverlongLine:
     """A line longer than MAX_LINE_BYTES: skipped, only its length is kept."""
-
     length: int
 
 

@@ -1,11 +1,5 @@
-"""The Luhn check digit that every payment card number ends with (ISO/IEC 7812).
-
-The scanner tells a card number from any other run of digits with `luhn_ok`; the synthetic log writes
-card numbers that the scanner must find with `luhn_check_digit`.
-"""
-
-from __future__ import annotations
-
+"""The Luhn check digit every payment card number ends with (ISO/IEC 7812): the scanner checks it, the
+synthetic log writes it."""
 
 def _luhn_total(digits: str) -> int:
     """From the right, every second digit doubled (9 off a result above 9), all added: a valid number's is 0 mod 10."""

@@ -1,11 +1,5 @@
-"""Scan a gateway log for the calls the disclosure names, and for two warning signs in every call.
-
-The checklist *defines* affected (model, UTC days, prompt_tokens above the prefill pool); the signals, a
-first token too soon and secret-shaped text, are leads for a person to follow. The scan streams and keeps
-only findings (docs/logs.md).
-"""
-
-from __future__ import annotations
+"""Scan a gateway log for the calls the disclosure names (the checklist *defines* affected) and for two
+warning signs in every call, leads for a person to follow; only findings are kept (docs/logs.md)."""
 
 import argparse
 import json
@@ -39,7 +33,6 @@ MAX_MALFORMED_KEPT = 1_000  # in memory and in --json; the rest are only counted
 @dataclass(frozen=True)
 class Checklist:
     """The disclosure's test for 'possibly affected': model, UTC days (inclusive), prompt size."""
-
     model: str = INCIDENT_MODEL
     first_day: date = INCIDENT_FIRST_DAY
     last_day: date = INCIDENT_LAST_DAY
@@ -60,7 +53,6 @@ class Checklist:
 @dataclass(frozen=True)
 class Signals:
     """The two warning signs checked on every row, with the settings a user can change."""
-
     max_prefill_tokens_per_s: float = DEFAULT_MAX_PREFILL_TOKENS_PER_S
     patterns: tuple[str, ...] = ()  # extra regular expressions that mark data as not yours
     compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
@@ -103,7 +95,6 @@ def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
 @dataclass(frozen=True)
 class Flag:
     """A row that showed at least one warning sign."""
-
     record: GatewayRecord
     reasons: list[str]
 
@@ -111,7 +102,6 @@ class Flag:
 @dataclass
 class ScanResult:
     """What a scan found. Only findings are kept, never the whole log."""
-
     scanned: int = 0  # non-blank lines read, well-formed or not
     malformed: list[MalformedLine] = field(default_factory=list)  # the first MAX_MALFORMED_KEPT
     malformed_count: int = 0  # all of them
@@ -219,13 +209,6 @@ def _parse(option: str, text: str, kind: type[date] | type[int] | type[float]) -
         raise ValueError(f"{option} {text!r} is not {want}") from None
 
 
-def options_from_args(args: argparse.Namespace) -> tuple[Checklist, Signals]:
-    """The checklist and signals the command line asks for; ValueError with a message if bad."""
-    checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
-                          _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
-    return checklist, Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
-
-
 def _print(text: str, stream=None) -> None:
     """Print, and go quiet if the reader left (`scan-logs ... | head`)."""
     stream = stream or sys.stdout
@@ -237,10 +220,11 @@ def _print(text: str, stream=None) -> None:
 
 
 def run_scan_logs(args: argparse.Namespace) -> int:
-    """Scan and print. Exit status: 0 nothing found, 1 findings to review, 2 could not scan
-    (or could scan only part of the log: the report is printed, then the error)."""
+    """Scan and print; exit status 0 nothing found, 1 findings to review, 2 could not scan it all (docs/logs.md)."""
     try:
-        checklist, signals = options_from_args(args)
+        checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
+                              _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
+        signals = Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
         result = scan_log(args.file, checklist, signals)
     except (ValueError, LogReadError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,10 +1,5 @@
-"""Gateway timestamps: one explicit ISO 8601 parser, so the affected set never depends on Python.
-
-`datetime.fromisoformat` accepts more forms since Python 3.11; here each accepted form is written out
-(docs/logs.md lists them): extended or basic, a fraction cut to microseconds, an optional zone.
-"""
-
-from __future__ import annotations
+"""Gateway timestamps: one explicit ISO 8601 parser, so the affected set never depends on the Python
+version (the accepted forms: docs/logs.md)."""
 
 import re
 from datetime import datetime, timedelta, timezone

@@ -6,8 +6,6 @@ shapes PagedStep would pick and the prefill shape a GPU uses. Both sides are tim
 medians and minimums of `--iters` rounds. docs/benchmarks.md's choice of path per phase rests on it.
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
 import time

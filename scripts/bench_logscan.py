@@ -6,8 +6,6 @@ The log (seed 1, not committed) is generated once and reused; the scan runs in a
 its peak RSS is the scan's, and the child reports its memory before the scan as well.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import platform

@@ -11,8 +11,6 @@ $MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png). Needs /usr/bin/chromium
 a browser). Exit status 0 when every check passed.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

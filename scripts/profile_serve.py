@@ -6,8 +6,6 @@ thread's stack with `py-spy record --idle`, the GIL's holder with `--gil` (`pip 
 counts for the deepest frame a rule in RULES names; the clients share the cores (docs/benchmarks.md).
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import itertools

@@ -5,8 +5,6 @@ torch.profiler and prints a markdown table: each aten operation's self time per 
 share, with the part of the model it comes from. docs/benchmarks.md quotes it.
 """
 
-from __future__ import annotations
-
 import sys
 
 import torch

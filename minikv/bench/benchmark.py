@@ -4,8 +4,6 @@ The workload, the equality check and the measurements (docs/benchmarks.md says w
 the runners are in systems.py, the table and JSON in report.py, the figure in plot.py.
 """
 
-from __future__ import annotations
-
 import json
 import random
 import sys

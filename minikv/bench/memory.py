@@ -4,8 +4,6 @@ A contiguous row of `max_len` slots is held from a request's first token to its 
 out whole pages as the request grows, so only the end of its last page is empty (notebook 02).
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

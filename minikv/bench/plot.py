@@ -4,8 +4,6 @@ Four panels: throughput of every system, the KV memory each layout reserves agai
 the roofline, and what each safety switch costs the pair, as time relative to the vulnerable pair.
 """
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

@@ -6,8 +6,6 @@ tenant reusing the system prompt's pages; `cache_salt`, each tenant reusing only
 must return the same completions before any time counts.
 """
 
-from __future__ import annotations
-
 import random
 import statistics
 

@@ -1,7 +1,5 @@
 """The benchmark's report: per-system results and ratios, as markdown (`table`) and as JSON (`to_json`)."""
 
-from __future__ import annotations
-
 import os
 import platform
 import statistics

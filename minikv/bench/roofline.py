@@ -4,8 +4,6 @@
 alone at the same shapes in the same run (docs/benchmarks.md, "the roofline").
 """
 
-from __future__ import annotations
-
 import statistics
 import time
 from collections.abc import Callable, Sequence

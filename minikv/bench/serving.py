@@ -6,8 +6,6 @@ before anything is timed; then paired rounds, the order alternating from one pai
 (docs/benchmarks.md says what each figure means).
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json

@@ -5,8 +5,6 @@ A run is timed from the moment the whole workload is handed over until the last 
 greedily, so all must return the same completions; docs/benchmarks.md names them.
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from dataclasses import dataclass, field

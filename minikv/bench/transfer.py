@@ -5,8 +5,6 @@
     python -m minikv.bench.transfer --first-token        # time to first token: Cluster vs DistCluster
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os

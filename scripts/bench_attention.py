@@ -1,9 +1,7 @@
 """One layer's paged attention, request by request against one tiled call: `python scripts/bench_attention.py`.
 
-The benchmark's 32 prompts on a scattered pool of the shipped model's shape; decode (one new
-token after each prompt) and prefill (the first 20 prompts whole, 1,891 tokens), with the tile
-shapes PagedStep would pick and the prefill shape a GPU uses. Both sides are timed alternately;
-medians and minimums of `--iters` rounds. docs/benchmarks.md's choice of path per phase rests on it.
+The benchmark's prompts on a scattered pool: decode, and prefill of the first 20 prompts (1,891 tokens), with
+PagedStep's tile shapes; both sides timed alternately, medians and minimums (docs/benchmarks.md).
 """
 
 import argparse

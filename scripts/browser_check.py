@@ -2,13 +2,9 @@
 
     python scripts/browser_check.py [NOTEBOOK] [--screenshot PATH]
 
-It warms the notebook up headless (`warm_up`), starts JupyterLab on a free loopback port with temporary
-settings, opens a copy of the notebook without outputs or widget state (nothing on screen comes from the
-file), runs all cells and checks that a slider, a Play button and a page-map image appear, that no still
-PNG is drawn beside a player, and that Play moves the readout; then a screenshot (--screenshot, else
-$MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png). Needs /usr/bin/chromium (or $MINIKV_CHROMIUM;
-`apt-get install -y chromium`) and `pip install playwright` (never `playwright install`, which downloads
-a browser). Exit status 0 when every check passed.
+A copy without outputs or widget state runs in JupyterLab: a slider, a Play button and a page-map image must
+appear, no still PNG beside a player, and Play must move the readout; then a screenshot. Needs /usr/bin/chromium
+(or $MINIKV_CHROMIUM) and `pip install playwright` (never `playwright install`). Exit status 0 when all passed.
 """
 
 import argparse
@@ -68,12 +64,8 @@ class CheckResult:
 
 
 def warm_up(notebook: Path) -> float:
-    """Execute the notebook once headless, before any of the browser's waits start; returns seconds.
-
-    In a fresh clone the first kernel compiles every import, builds matplotlib's font cache and
-    reads the model from disk; once, that took longer than the whole 60 s wait for the first
-    widget. CI is always such a first run, so the check pays that cost here, untimed.
-    """
+    """Execute the notebook once headless, untimed (a fresh clone's first kernel builds caches for longer than
+    the 60 s wait for the first widget); returns seconds."""
     import nbclient
 
     start = time.monotonic()
@@ -151,12 +143,8 @@ def expect(page, selector: str, what: str, timeout_ms: float) -> None:
 
 
 def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
-    """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]).
-
-    A click that lands before the notebook panel is active does nothing, and on a loaded machine
-    that can happen even after the panel is drawn: without a retry the first widget wait then
-    spends its whole timeout on a notebook that never started.
-    """
+    """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]): a click before the panel is
+    active does nothing, even after it is drawn on a loaded machine."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(attempts):
@@ -172,8 +160,7 @@ def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
 
 
 def loaded_images(page, selector: str, timeout_ms: float) -> int:
-    """Wait (up to `timeout_ms`) until an image matching `selector` has loaded pixels; how many have (an empty
-    <img> does not count)."""
+    """Wait up to `timeout_ms` for an image matching `selector` with pixels; how many have them."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
@@ -185,11 +172,8 @@ def loaded_images(page, selector: str, timeout_ms: float) -> int:
 
 
 def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s: float) -> dict:
-    """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot.
-
-    Everything up to the first widget (page load, kernel start, the cells that build it) gets
-    `first_timeout_s`; each later wait gets `timeout_s`.
-    """
+    """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot; the first widget gets
+    `first_timeout_s`, each later wait `timeout_s`."""
     from playwright.sync_api import sync_playwright
 
     ms, first_ms = timeout_s * 1000, first_timeout_s * 1000

@@ -1,9 +1,7 @@
 """Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
 
-Starts `minikv serve SERVE_ARGS` (default `--num-pages 2048 --context-len 2048`), drives it with closed-loop
-clients streaming the benchmark's 32 requests, and reads it three ways: CPU time per thread from /proc, every
-thread's stack with `py-spy record --idle`, the GIL's holder with `--gil` (`pip install py-spy`). Each sample
-counts for the deepest frame a rule in RULES names; the clients share the cores (docs/benchmarks.md).
+Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS`, read three ways: /proc CPU time
+per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each sample by RULES (docs/benchmarks.md).
 """
 
 import argparse
@@ -144,8 +142,7 @@ def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None,
 
 
 def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
-    """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
-    on), in this process, no HTTP, every request submitted at once."""
+    """Tokens/s and CPU seconds per token of the server's engine in this process, every request at once."""
     from minikv.model.checkpoint import load_model
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine

@@ -20,7 +20,7 @@ def p50_p99(values: list[float]) -> tuple[float, float] | tuple[None, None]:
 
 
 def median_run(runs: list[Run]) -> Run:
-    """The run with the median wall time (the lower middle one of an even count) stands for the system."""
+    """The run with the median wall time (the lower middle of an even count)."""
     wall = statistics.median_low([r.wall_s for r in runs])
     return next(r for r in runs if r.wall_s == wall)
 
@@ -53,8 +53,7 @@ class BenchReport:
         return {name: median_run(runs) for name, runs in self.runs.items()}
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (the ratio
-        of two medians would mix runs minutes apart)."""
+        """`of`'s tokens/s over `over`'s: the median of the ratios within each repeat (not of runs minutes apart)."""
         if of not in self.runs or over not in self.runs:
             return None
         return statistics.median(paired_ratios(self.runs[of], self.runs[over]))

@@ -1,5 +1,4 @@
-"""The distributed KV transfer measured over loopback, and `run_pair`, the harness that runs a bare pair
-(tests/test_transfer_protocol.py drives the protocol through it).
+"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair.
 
     python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
     python -m minikv.bench.transfer --first-token        # time to first token: Cluster vs DistCluster
@@ -44,8 +43,8 @@ def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, dead
 
 
 def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """Run `worker(rank, store, deadline, args)` as rank 0 (prefill, the sender) and rank 1 (decode), each with gloo
-    over loopback and the bootstrap TCPStore, both killed past `timeout_s`; (prefill result, decode result)."""
+    """`worker(rank, store, deadline, args)` as prefill (sender) and decode, gloo over loopback, both killed past
+    `timeout_s`; (prefill result, decode result)."""
     with tempfile.TemporaryDirectory() as out_dir:
         deadline = time.time() + timeout_s
         ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)
@@ -117,8 +116,7 @@ def measure(pages_per_room: int, rooms: int, page_size: int = 16, timeout_s: flo
 
 
 def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
-    """Median time to first token of the same greedy requests through the in-process Cluster and
-    through DistCluster (two worker processes, the front door's queues included)."""
+    """Median time to first token of the same requests through Cluster and DistCluster (two processes)."""
     from minikv.bench.systems import BenchRequest, serve_all
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.dist.cluster import DistCluster

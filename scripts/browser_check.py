@@ -11,17 +11,15 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
 
-from minikv.serve.launch import free_port
+from minikv.serve.launch import LocalServer, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")
@@ -86,47 +84,31 @@ def stripped_copy(notebook: Path) -> Path:
     return copy
 
 
-def start_lab(root: Path, scratch: Path, port: int) -> subprocess.Popen:
-    """JupyterLab on 127.0.0.1:port serving `root`, all its state under `scratch`."""
-    settings = scratch / "settings"
-    folder, name, values = NEWS_SETTINGS
-    (settings / folder).mkdir(parents=True)
-    (settings / folder / name).write_text(json.dumps(values))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
-    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-               f"--port={port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
-    log = open(scratch / "jupyterlab.log", "w")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+class JupyterLab(ServerProcess):
+    """JupyterLab on a free loopback port serving `root`, all its state under `scratch`; stopped with its kernels."""
 
+    name, ready_path = "JupyterLab", "/api/status"
 
-def wait_for_server(port: int, server: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with status {server.returncode} before answering")
+    def __init__(self, root: Path, scratch: Path) -> None:
+        LocalServer.__init__(self, None)  # not ServerProcess's: the command is JupyterLab's
+        settings = scratch / "settings"
+        folder, name, values = NEWS_SETTINGS
+        (settings / folder).mkdir(parents=True)
+        (settings / folder / name).write_text(json.dumps(values))
+        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
+                   JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
+        command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+                   f"--port={self.port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
+        self.start(command, env, open(scratch / "jupyterlab.log", "w+"), new_session=True)
+
+    def stop(self) -> int:
+        """Stop JupyterLab, then any kernel it left behind (its kernels are in its process group)."""
+        status = super().stop()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"JupyterLab did not answer on port {port} within {timeout_s} s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    """Stop the server we started (its kernels are in its process group)."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    try:
-        os.killpg(server.pid, signal.SIGTERM)  # a kernel left behind, if any
-    except ProcessLookupError:
-        pass
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return status
 
 
 def expect(page, selector: str, what: str, timeout_ms: float) -> None:
@@ -226,18 +208,12 @@ def check(notebook: Path = DEFAULT_NOTEBOOK, screenshot: str | None = None, time
     start = time.monotonic()
     copy = stripped_copy(notebook)
     try:
-        with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch:
-            port = free_port()
-            server = start_lab(copy.parent, Path(scratch), port)
+        with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch, JupyterLab(copy.parent, Path(scratch)) as lab:
             try:
-                wait_for_server(port, server)
-                url = f"http://127.0.0.1:{port}/lab/tree/{copy.name}"
-                seen = run_in_browser(url, screenshot, timeout_s, first_timeout_s)
+                seen = run_in_browser(f"{lab.url}/lab/tree/{copy.name}", screenshot, timeout_s, first_timeout_s)
             except Exception:
-                print((Path(scratch) / "jupyterlab.log").read_text()[-3000:], file=sys.stderr)
+                print(lab.output()[-3000:], file=sys.stderr)
                 raise
-            finally:
-                stop(server)
     finally:
         copy.unlink(missing_ok=True)
     return CheckResult(str(notebook), screenshot=screenshot, seconds=round(time.monotonic() - start, 1),

@@ -19,6 +19,7 @@ import httpx
 
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import requests_for, run_load, stream_one
+from minikv.bench.systems import serve_all
 from minikv.serve.launch import ServerProcess
 
 RULES = {  # part -> substrings of a frame; the deepest frame that matches one decides, the first part here wins
@@ -146,7 +147,6 @@ def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     from minikv.model.checkpoint import load_model
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
-    from minikv.engine.request import Request
     from minikv.serve.command import add_serve_arguments
 
     parser = argparse.ArgumentParser()
@@ -155,13 +155,9 @@ def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     model, tokenizer = load_model(device="cpu")
     engine = Engine(model, tokenizer, EngineConfig(num_pages=args.num_pages, event_log=False,
                                                    **({"context_len": args.context_len} if args.context_len else {})))
-    requests = requests_for(bench_workload(32, 0), clients)
-    start, cpu = time.perf_counter(), time.thread_time()
-    ids = [engine.submit(Request(r.prompt, "anon", r.max_tokens)) for r in requests]
-    seqs = [engine.seqs[i] for i in ids]
-    engine.run()
-    tokens = sum(len(s.output_ids) for s in seqs)
-    return tokens / (time.perf_counter() - start), (time.thread_time() - cpu) / tokens
+    cpu = time.thread_time()
+    run = serve_all(engine, requests_for(bench_workload(32, 0), clients))
+    return run.tokens_per_s, (time.thread_time() - cpu) / run.tokens
 
 
 def table(threads: dict[str, Counter], seconds: int, tokens_per_s: float) -> list[str]:

@@ -8,10 +8,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from datetime import timedelta
 
 import torch
@@ -25,6 +25,7 @@ from minikv.disagg.transfer.torch_dist import DistKVManager
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.page_pool import PagePool
 from minikv.model.llama import ModelConfig
+from minikv.serve.command import positive_int
 
 Worker = Callable[[int, dist.Store, float, tuple], dict]
 
@@ -130,23 +131,17 @@ def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
     result = {"requests": num_requests, "max_tokens": max_tokens}
     for name, door in (("in_process", lambda: Cluster(model, tokenizer, config, switches)),
                        ("dist_cluster", lambda: DistCluster(tokenizer, config, switches))):
-        pair = door()
-        try:
+        with closing(door()) as pair:
             result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(serve_all(pair, workload).ttft_s), 2)
-        finally:
-            pair.close()
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Measure the distributed KV transfer over loopback.")
-    parser.add_argument("--pages", type=int, default=256, help="pages per room")
-    parser.add_argument("--rooms", type=int, default=8, help="rooms, transferred one after another")
+    parser.add_argument("--pages", type=positive_int, default=256, help="pages per room")
+    parser.add_argument("--rooms", type=positive_int, default=8, help="rooms, transferred one after another")
     parser.add_argument("--first-token", action="store_true", help="time to first token: Cluster vs DistCluster")
     args = parser.parse_args(argv)
-    if args.pages < 1 or args.rooms < 1:
-        print("error: --pages and --rooms must be at least 1", file=sys.stderr)
-        return 2
     print(json.dumps(compare_first_token() if args.first_token else measure(args.pages, args.rooms)))
     return 0
 

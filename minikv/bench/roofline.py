@@ -109,8 +109,8 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
 
 
 def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int = 1,
-                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Median seconds of each of `fns` by `clock`, timed in turn so that drift in the host hits all alike."""
+                   clock: Callable[[], float] = time.perf_counter, summary: Callable = statistics.median) -> list:
+    """Median (or `summary`) seconds of each of `fns` by `clock`, timed in turn so that host drift hits all alike."""
     times: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + iters):
         for fn, ts in zip(fns, times):
@@ -118,7 +118,7 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
             fn()
             if i >= warmup:
                 ts.append(clock() - start)
-    return [statistics.median(ts) for ts in times]
+    return [summary(ts) for ts in times]
 
 
 def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Roofline:

@@ -12,7 +12,6 @@ import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from functools import partial
 
 import httpx
 
@@ -172,7 +171,8 @@ def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], 
     return report
 
 
-to_stderr = partial(print, file=sys.stderr, flush=True)
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def run_serving_command(args: argparse.Namespace) -> int:

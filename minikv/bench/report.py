@@ -3,6 +3,7 @@
 import os
 import platform
 import statistics
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import torch
@@ -119,11 +120,8 @@ def describe_machine(device: torch.device) -> tuple[str, str]:
     import transformers
 
     cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:  # not Linux
-        pass
+    with suppress(OSError), open("/proc/cpuinfo") as f:  # Linux only
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     short = (f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
              f"cpu ({cpu}, {cores} cores, {torch.get_num_threads()} torch threads)")

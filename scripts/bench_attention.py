@@ -1,26 +1,25 @@
 """One layer's paged attention, request by request against one tiled call: `python scripts/bench_attention.py`.
 
-The benchmark's 32 prompts on a scattered pool of the shipped model's shape; decode (one new
-token after each prompt) and prefill (the first 20 prompts whole, 1,891 tokens), with the tile
-shapes PagedStep would pick and the prefill shape a GPU uses. Both sides are timed alternately;
-medians and minimums of `--iters` rounds. docs/benchmarks.md's choice of path per phase rests on it.
+The benchmark's prompts on a scattered pool: decode, and prefill of the first 20 prompts (1,891 tokens), with
+PagedStep's tile shapes; both sides timed alternately, medians and minimums (docs/benchmarks.md).
 """
-
-from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
-from minikv.bench.roofline import scattered_pool
+from minikv.bench.roofline import paired_seconds, scattered_pool
 from minikv.bench.systems import prompt_ids
 from minikv.model.checkpoint import load_model
 from minikv.attention.gather import gather_attention
 from minikv.engine.paged_step import SeqSlice, block_table_tensor
 from minikv.attention.tiles import tile_plan, tiled_attention
+
+
+def median_and_min(seconds: list[float]) -> str:
+    return f"{statistics.median(seconds) * 1e3:.2f} ms (min {min(seconds) * 1e3:.2f})"
 
 
 def main() -> None:
@@ -44,17 +43,11 @@ def main() -> None:
                          torch.tensor([s.num_new for s in seqs]), PAGE_SIZE, cfg.num_kv_heads, block_q, pages_per_tile)
         contenders = {"gather": lambda: gather_attention(q, k_cache, v_cache, slots, [s.start for s in seqs]),
                       "tiles": lambda: tiled_attention(q, pool.kv[0], plan)}
-        times: dict[str, list[float]] = {name: [] for name in contenders}
         with torch.inference_mode():
             assert torch.allclose(contenders["gather"](), contenders["tiles"](), atol=1e-5)
             iters = args.iters if phase == "decode" else max(5, args.iters // 10)
-            for _ in range(iters + 2):
-                for name, fn in contenders.items():
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - start)
-        cell = {name: f"{statistics.median(ts[2:]) * 1e3:.2f} ms (min {min(ts[2:]) * 1e3:.2f})" for name, ts in times.items()}
-        print(f"| {phase} | {len(q)} | {cell['gather']} | {cell['tiles']} | {len(plan.tile_block)} of {block_q} x "
+            gathered, tiled = paired_seconds(list(contenders.values()), iters, warmup=2, summary=median_and_min)
+        print(f"| {phase} | {len(q)} | {gathered} | {tiled} | {len(plan.tile_block)} of {block_q} x "
               f"{pages_per_tile * PAGE_SIZE} |")
 
 

@@ -6,8 +6,6 @@ The log (seed 1, not committed) is generated once and reused; the scan runs in a
 its peak RSS is the scan's, and the child reports its memory before the scan as well.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import platform
@@ -46,18 +44,14 @@ def main() -> None:
     if not args.path.exists():
         print(f"writing {args.rows:,} rows to {args.path} ...", file=sys.stderr)
         write_gateway_log(args.path, rows=args.rows, seed=1)
-    child = subprocess.run(
-        [sys.executable, __file__, "--scan-only", "--path", str(args.path)],
-        capture_output=True, text=True, check=True,
-    )
+    child = subprocess.run([sys.executable, __file__, "--scan-only", "--path", str(args.path)],
+                           capture_output=True, text=True, check=True)
     m = json.loads(child.stdout)
     size_mib = args.path.stat().st_size / 2**20
-    print(
-        f"scan-logs: {m['rows']:,} rows ({size_mib:,.0f} MiB of JSON Lines) in {m['seconds']:.1f} s"
-        f" = {m['rows'] / m['seconds']:,.0f} rows/s; peak RSS {m['peak_mib']:.0f} MiB"
-        f" ({m['before_mib']:.0f} MiB before the scan started)"
-        f" [Python {platform.python_version()}, {platform.machine()}]"
-    )
+    print(f"scan-logs: {m['rows']:,} rows ({size_mib:,.0f} MiB of JSON Lines) in {m['seconds']:.1f} s"
+          f" = {m['rows'] / m['seconds']:,.0f} rows/s; peak RSS {m['peak_mib']:.0f} MiB"
+          f" ({m['before_mib']:.0f} MiB before the scan started)"
+          f" [Python {platform.python_version()}, {platform.machine()}]")
     print(f"found: {m['affected']:,} affected, {m['flags']:,} flagged, {m['malformed']:,} malformed", file=sys.stderr)
 
 

@@ -2,32 +2,24 @@
 
     python scripts/browser_check.py [NOTEBOOK] [--screenshot PATH]
 
-It warms the notebook up headless (`warm_up`), starts JupyterLab on a free loopback port with temporary
-settings, opens a copy of the notebook without outputs or widget state (nothing on screen comes from the
-file), runs all cells and checks that a slider, a Play button and a page-map image appear, that no still
-PNG is drawn beside a player, and that Play moves the readout; then a screenshot (--screenshot, else
-$MINIKV_SCREENSHOT, else /tmp/minikv_browser_check.png). Needs /usr/bin/chromium (or $MINIKV_CHROMIUM;
-`apt-get install -y chromium`) and `pip install playwright` (never `playwright install`, which downloads
-a browser). Exit status 0 when every check passed.
+A copy without outputs or widget state runs in JupyterLab: a slider, a Play button and a page-map image must
+appear, no still PNG beside a player, and Play must move the readout; then a screenshot. Needs /usr/bin/chromium
+(or $MINIKV_CHROMIUM) and `pip install playwright` (never `playwright install`). Exit status 0 when all passed.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import nbformat
 
-from minikv.serve.launch import free_port
+from minikv.serve.launch import LocalServer, ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")
@@ -70,12 +62,8 @@ class CheckResult:
 
 
 def warm_up(notebook: Path) -> float:
-    """Execute the notebook once headless, before any of the browser's waits start; returns seconds.
-
-    In a fresh clone the first kernel compiles every import, builds matplotlib's font cache and
-    reads the model from disk; once, that took longer than the whole 60 s wait for the first
-    widget. CI is always such a first run, so the check pays that cost here, untimed.
-    """
+    """Execute the notebook once headless, untimed (a fresh clone's first kernel builds caches for longer than
+    the 60 s wait for the first widget); returns seconds."""
     import nbclient
 
     start = time.monotonic()
@@ -96,47 +84,31 @@ def stripped_copy(notebook: Path) -> Path:
     return copy
 
 
-def start_lab(root: Path, scratch: Path, port: int) -> subprocess.Popen:
-    """JupyterLab on 127.0.0.1:port serving `root`, all its state under `scratch`."""
-    settings = scratch / "settings"
-    folder, name, values = NEWS_SETTINGS
-    (settings / folder).mkdir(parents=True)
-    (settings / folder / name).write_text(json.dumps(values))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
-    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-               f"--port={port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
-    log = open(scratch / "jupyterlab.log", "w")
-    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+class JupyterLab(ServerProcess):
+    """JupyterLab on a free loopback port serving `root`, all its state under `scratch`; stopped with its kernels."""
 
+    name, ready_path = "JupyterLab", "/api/status"
 
-def wait_for_server(port: int, server: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with status {server.returncode} before answering")
+    def __init__(self, root: Path, scratch: Path) -> None:
+        LocalServer.__init__(self, None)  # not ServerProcess's: the command is JupyterLab's
+        settings = scratch / "settings"
+        folder, name, values = NEWS_SETTINGS
+        (settings / folder).mkdir(parents=True)
+        (settings / folder / name).write_text(json.dumps(values))
+        env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings),
+                   JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
+        command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
+                   f"--port={self.port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
+        self.start(command, env, open(scratch / "jupyterlab.log", "w+"), new_session=True)
+
+    def stop(self) -> int:
+        """Stop JupyterLab, then any kernel it left behind (its kernels are in its process group)."""
+        status = super().stop()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"JupyterLab did not answer on port {port} within {timeout_s} s")
-
-
-def stop(server: subprocess.Popen) -> None:
-    """Stop the server we started (its kernels are in its process group)."""
-    if server.poll() is None:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    try:
-        os.killpg(server.pid, signal.SIGTERM)  # a kernel left behind, if any
-    except ProcessLookupError:
-        pass
+            os.killpg(self.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        return status
 
 
 def expect(page, selector: str, what: str, timeout_ms: float) -> None:
@@ -153,12 +125,8 @@ def expect(page, selector: str, what: str, timeout_ms: float) -> None:
 
 
 def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
-    """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]).
-
-    A click that lands before the notebook panel is active does nothing, and on a loaded machine
-    that can happen even after the panel is drawn: without a retry the first widget wait then
-    spends its whole timeout on a notebook that never started.
-    """
+    """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]): a click before the panel is
+    active does nothing, even after it is drawn on a loaded machine."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(attempts):
@@ -174,8 +142,7 @@ def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
 
 
 def loaded_images(page, selector: str, timeout_ms: float) -> int:
-    """Wait (up to `timeout_ms`) until an image matching `selector` has loaded pixels; how many have (an empty
-    <img> does not count)."""
+    """Wait up to `timeout_ms` for an image matching `selector` with pixels; how many have them."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
@@ -187,11 +154,8 @@ def loaded_images(page, selector: str, timeout_ms: float) -> int:
 
 
 def run_in_browser(url: str, screenshot: str, timeout_s: float, first_timeout_s: float) -> dict:
-    """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot.
-
-    Everything up to the first widget (page load, kernel start, the cells that build it) gets
-    `first_timeout_s`; each later wait gets `timeout_s`.
-    """
+    """Open `url`, Run All Cells, check the widgets, press Play, take the screenshot; the first widget gets
+    `first_timeout_s`, each later wait `timeout_s`."""
     from playwright.sync_api import sync_playwright
 
     ms, first_ms = timeout_s * 1000, first_timeout_s * 1000
@@ -244,18 +208,12 @@ def check(notebook: Path = DEFAULT_NOTEBOOK, screenshot: str | None = None, time
     start = time.monotonic()
     copy = stripped_copy(notebook)
     try:
-        with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch:
-            port = free_port()
-            server = start_lab(copy.parent, Path(scratch), port)
+        with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch, JupyterLab(copy.parent, Path(scratch)) as lab:
             try:
-                wait_for_server(port, server)
-                url = f"http://127.0.0.1:{port}/lab/tree/{copy.name}"
-                seen = run_in_browser(url, screenshot, timeout_s, first_timeout_s)
+                seen = run_in_browser(f"{lab.url}/lab/tree/{copy.name}", screenshot, timeout_s, first_timeout_s)
             except Exception:
-                print((Path(scratch) / "jupyterlab.log").read_text()[-3000:], file=sys.stderr)
+                print(lab.output()[-3000:], file=sys.stderr)
                 raise
-            finally:
-                stop(server)
     finally:
         copy.unlink(missing_ok=True)
     return CheckResult(str(notebook), screenshot=screenshot, seconds=round(time.monotonic() - start, 1),

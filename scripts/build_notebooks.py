@@ -7,8 +7,6 @@
 `tests/test_notebook_sources.py` checks that every .ipynb holds exactly its source's cells.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import subprocess

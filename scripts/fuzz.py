@@ -8,8 +8,6 @@ run totals every invariant. Exit status 0 when every hunt found its engine withi
 the safe preset broke nothing, 1 otherwise, 2 on bad arguments.
 """
 
-from __future__ import annotations
-
 import argparse
 import random
 import statistics

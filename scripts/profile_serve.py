@@ -1,12 +1,8 @@
 """Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
 
-Starts `minikv serve SERVE_ARGS` (default `--num-pages 2048 --context-len 2048`), drives it with closed-loop
-clients streaming the benchmark's 32 requests, and reads it three ways: CPU time per thread from /proc, every
-thread's stack with `py-spy record --idle`, the GIL's holder with `--gil` (`pip install py-spy`). Each sample
-counts for the deepest frame a rule in RULES names; the clients share the cores (docs/benchmarks.md).
+Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS`, read three ways: /proc CPU time
+per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each sample by RULES (docs/benchmarks.md).
 """
-
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -23,6 +19,7 @@ import httpx
 
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import requests_for, run_load, stream_one
+from minikv.bench.systems import serve_all
 from minikv.serve.launch import ServerProcess
 
 RULES = {  # part -> substrings of a frame; the deepest frame that matches one decides, the first part here wins
@@ -146,12 +143,10 @@ def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None,
 
 
 def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
-    """Tokens/s and CPU seconds per token of the same engine as the server's (same pool, window, audit
-    on), in this process, no HTTP, every request submitted at once."""
+    """Tokens/s and CPU seconds per token of the server's engine in this process, every request at once."""
     from minikv.model.checkpoint import load_model
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
-    from minikv.engine.request import Request
     from minikv.serve.command import add_serve_arguments
 
     parser = argparse.ArgumentParser()
@@ -160,13 +155,9 @@ def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     model, tokenizer = load_model(device="cpu")
     engine = Engine(model, tokenizer, EngineConfig(num_pages=args.num_pages, event_log=False,
                                                    **({"context_len": args.context_len} if args.context_len else {})))
-    requests = requests_for(bench_workload(32, 0), clients)
-    start, cpu = time.perf_counter(), time.thread_time()
-    ids = [engine.submit(Request(r.prompt, "anon", r.max_tokens)) for r in requests]
-    seqs = [engine.seqs[i] for i in ids]
-    engine.run()
-    tokens = sum(len(s.output_ids) for s in seqs)
-    return tokens / (time.perf_counter() - start), (time.thread_time() - cpu) / tokens
+    cpu = time.thread_time()
+    run = serve_all(engine, requests_for(bench_workload(32, 0), clients))
+    return run.tokens_per_s, (time.thread_time() - cpu) / run.tokens
 
 
 def table(threads: dict[str, Counter], seconds: int, tokens_per_s: float) -> list[str]:

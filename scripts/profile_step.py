@@ -1,11 +1,8 @@
 """Where one engine step's time goes, by operation: `python scripts/profile_step.py [decode|prefill]`.
 
-Profiles the benchmark's batch (32 requests of the bench workload) on a scattered pool with
-torch.profiler and prints a markdown table: each aten operation's self time per step and its
-share, with the part of the model it comes from. docs/benchmarks.md quotes it.
+The benchmark's 32 requests on a scattered pool under torch.profiler: a markdown table of each aten operation's
+self time per step, its share and where it comes from (docs/benchmarks.md quotes it).
 """
-
-from __future__ import annotations
 
 import sys
 

@@ -7,8 +7,6 @@ Each request is a note (`cNN: save pin 123456.`, about 24 prompt tokens) answere
 17 tokens). The load generator runs on the same machine as the server, so both share its cores.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json

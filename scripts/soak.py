@@ -7,8 +7,6 @@ After a warm-up a server's memory should stay flat however many requests pass. O
 used, so the script measures any minikv checkout on PYTHONPATH, before and after a change.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import gc

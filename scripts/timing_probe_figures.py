@@ -8,8 +8,6 @@ salted run the same with `--preset safe`; one line per run, then the summary doc
 the load average before and after (other processes slow every burst alike; the test is on ranks).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import random

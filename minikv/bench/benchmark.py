@@ -1,10 +1,4 @@
-"""`python -m minikv bench`: minikv against transformers on one workload, same model, greedy.
-
-The workload, the equality check and the measurements (docs/benchmarks.md says what each means);
-the runners are in systems.py, the table and JSON in report.py, the figure in plot.py.
-"""
-
-from __future__ import annotations
+"""`python -m minikv bench`: the workload, the equality check and the measurements (docs/benchmarks.md)."""
 
 import json
 import random
@@ -32,8 +26,7 @@ OUTPUT_BUDGETS = (16, 32, 64)  # max_tokens: most replies end with EOS before, s
 
 
 def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
-    """`num_requests` notes the replies must repeat, from `seed`: four in ten bare (25-60 characters), four in
-    ten with a document of 20-120 characters before or after, two in ten with one of 200-600 after."""
+    """Notes the replies must repeat: 4 in 10 bare, 4 with a 20-120 character document, 2 with 200-600 after."""
     rng = random.Random(seed)
     workload = []
     for _ in range(num_requests):
@@ -55,9 +48,7 @@ def mismatches(reference: list[Completion], candidate: list[Completion]) -> list
 
 def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], completions: list[Completion],
               page_size: int = PAGE_SIZE, context_len: int = 1024) -> dict[str, KVMemoryUse]:
-    """Each request's K/V slots at its end (prompt plus every generated token but the last, never fed
-    back) against what four layouts hold for it then: whole pages, pages half that size, a row of
-    prompt + max_tokens, a row of the whole context window (a server that cannot trust max_tokens)."""
+    """Each request's K/V slots at its end (prompt + generated tokens but the last) against four layouts'."""
     prompts = systems.prompt_ids(tokenizer, workload)
     kv_lens = [len(p) + c.tokens - 1 for p, c in zip(prompts, completions)]
     return {
@@ -70,8 +61,7 @@ def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], 
 
 @torch.inference_mode()
 def decode_step_seconds(model: Llama, prompts: list[list[int]], iters: int) -> dict[str, float]:
-    """Median seconds of one decode step of the whole batch, each request at its prompt length, on a
-    scattered pool and on a contiguous cache; both build their attention backend, run the forward, choose."""
+    """Median seconds of one decode step of the batch at its prompt lengths: scattered pool, contiguous cache."""
     device, lens = model.device, [len(p) for p in prompts]
     cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
     cache.seq_lens = list(lens)
@@ -114,7 +104,7 @@ class BenchSettings:
 
 
 def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict[str, Callable[[list[BenchRequest]], Run]]:
-    """Every system by name, each a function of the workload. hf_sequential is the reference."""
+    """Every system by name, each a function of the workload; hf_sequential is the reference."""
     vulnerable = SafetySwitches.preset("vulnerable")
     runners = {
         "hf_sequential": partial(systems.hf_sequential, hf, tokenizer),
@@ -133,8 +123,7 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict
 
 def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
-    """Check every system's outputs against hf_sequential's, time them, then measure one decode step
-    on each layout, the KV memory, the roofline and the shared-prefix workload."""
+    """Check and time every system, then the decode step, the KV memory, the roofline, shared prefixes."""
     from tqdm.auto import tqdm
 
     from minikv.model.checkpoint import to_hf_model
@@ -165,8 +154,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
 
 def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], workload: list[BenchRequest],
                  settings: BenchSettings, report: BenchReport, bar) -> dict[str, list[Run]]:
-    """Every system's warm-up and checked run (outputs against hf_sequential's), then the timed runs,
-    interleaved, every other repeat in reverse. Mismatches go into `report`; the timed runs come back."""
+    """Warm-up and checked run of each, then timed runs interleaved, every other repeat reversed; mismatches
+    go into `report`."""
     checked: dict[str, Run] = {}
     for name, run in runners.items():
         bar.set_postfix_str(name)
@@ -195,8 +184,7 @@ def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], worklo
 
 
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
-    """Run, print the table or the JSON, write the figure; 1 if outputs differ. One intra-op thread by default:
-    on a 2-core machine a second OpenMP thread makes every step wait whenever anything else runs (10x slower)."""
+    """Run, print the table or the JSON, write the figure; 1 if outputs differ (one thread: docs/benchmarks.md)."""
     torch.set_num_threads(args.threads)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
     if args.repeats is not None:

@@ -1,10 +1,5 @@
-"""How much reserved KV memory holds real tokens: a contiguous reservation against a page pool.
-
-A contiguous row of `max_len` slots is held from a request's first token to its last; a page pool hands
-out whole pages as the request grows, so only the end of its last page is empty (notebook 02).
-"""
-
-from __future__ import annotations
+"""How much reserved KV memory holds real tokens: a contiguous row of `max_len` slots held for the whole
+request, against a page pool whose only empty slots are the end of each last page (notebook 02)."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,8 +35,7 @@ def _check_lengths(kv_lens: Sequence[int]) -> None:
 
 
 def contiguous_use(kv_lens: Sequence[int], max_lens: int | Sequence[int], scheme: str = "contiguous") -> KVMemoryUse:
-    """`kv_lens`: the slots each request filled; `max_lens`: the row each reserved up front (the context
-    window for all, or prompt + max_tokens for each)."""
+    """`kv_lens`: the slots each request filled; `max_lens`: the row each reserved up front (one for all, or each's)."""
     _check_lengths(kv_lens)
     rows = [max_lens] * len(kv_lens) if isinstance(max_lens, int) else list(max_lens)
     if len(rows) != len(kv_lens):

@@ -1,10 +1,5 @@
-"""The benchmark as one figure (docs/bench.png, shown in docs/benchmarks.md and notebook 06).
-
-Four panels: throughput of every system, the KV memory each layout reserves against what it fills,
-the roofline, and what each safety switch costs the pair, as time relative to the vulnerable pair.
-"""
-
-from __future__ import annotations
+"""The benchmark as one figure (docs/bench.png): throughput, KV memory reserved against filled, the roofline,
+and each safety switch's cost as time relative to the vulnerable pair."""
 
 import os
 from pathlib import Path
@@ -56,8 +51,7 @@ def bench_figure(report: BenchReport):
 
     base = report.results.get("pair_vulnerable")
     switches = [n for n in report.results if n.startswith("pair_vulnerable+")] + ["pair_safe"]
-    # a cost reads as a cost: time relative to the vulnerable pair (the inverse of the paired
-    # throughput ratio in the table), above 1 slower, as in notebook 06's own plot
+    # a cost reads as a cost: time relative to the vulnerable pair, the inverse of the table's ratio
     cost = [1 / report.speedup("pair_vulnerable", of=n) if base else 0 for n in switches]
     labels = [n.removeprefix("pair_vulnerable+") if "+" in n else "safe preset" for n in switches]
     ax_sw.barh(labels[::-1], cost[::-1], color=PAIR)

@@ -1,12 +1,8 @@
-"""The shared-prefix benchmark: many requests behind a few long system prompts.
+"""The shared-prefix benchmark: many requests behind two long system prompts, served in three MODES.
 
-Each request is one of two applications' system prompts (about 700 characters), then one tenant's
-short note. The paged engine serves it three ways (MODES): prefix caching `off`; `shared`, every
-tenant reusing the system prompt's pages; `cache_salt`, each tenant reusing only its own. All three
-must return the same completions before any time counts.
+`off`: no prefix caching; `shared`: every tenant reuses the prompt's pages; `cache_salt`: only its own
+(docs/benchmarks.md, "Shared prefixes"). All three must return the same completions before any time counts.
 """
-
-from __future__ import annotations
 
 import random
 import statistics
@@ -14,9 +10,7 @@ import statistics
 from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
-from minikv.bench.systems import BenchRequest, Run, pages_to_hold, paired_ratios, serve_all
-from minikv.engine.config import EngineConfig
-from minikv.engine.engine import Engine
+from minikv.bench.systems import BenchRequest, Run, minikv_paged, paired_ratios
 from minikv.model.llama import Llama
 
 APPS = ("helpdesk", "notes")  # two applications, each with its own system prompt
@@ -36,17 +30,15 @@ def shared_prefix_workload(num_requests: int = 32, num_tenants: int = 4, seed: i
 
 
 def serve(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], mode: str) -> Run:
-    """The paged engine (audit and event log off) in one of MODES, with a pool that holds the whole workload."""
-    config = EngineConfig(num_pages=pages_to_hold(tokenizer, workload, 16), audit=False, event_log=False,
-                          context_len=min(1024, model.config.max_position_embeddings), **MODES[mode])
-    return serve_all(Engine(model, tokenizer, config), workload)
+    """minikv_paged in one of MODES."""
+    return minikv_paged(model, tokenizer, workload, context_len=min(1024, model.config.max_position_embeddings),
+                        **MODES[mode])
 
 
 def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int = 32, repeats: int = 3,
             seed: int = 0) -> tuple[dict, bool]:
-    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal): every mode
-    once, compared, then `repeats` interleaved runs (--quick: none, the checked runs are timed); a speedup
-    over `off` is the median of the per-repeat ratios of tokens/s."""
+    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal): each mode once,
+    compared, then `repeats` interleaved rounds (none: the checked ones are timed); speedups are paired medians."""
     system_chars = min(SYSTEM_PROMPT_CHARS, model.config.max_position_embeddings // 2)  # a tiny test model's window
     workload = shared_prefix_workload(num_requests, seed=seed, system_chars=system_chars)
     checked = {mode: serve(model, tokenizer, workload, mode) for mode in MODES}

@@ -1,10 +1,9 @@
 """The benchmark's report: per-system results and ratios, as markdown (`table`) and as JSON (`to_json`)."""
 
-from __future__ import annotations
-
 import os
 import platform
 import statistics
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +21,7 @@ def p50_p99(values: list[float]) -> tuple[float, float] | tuple[None, None]:
 
 
 def median_run(runs: list[Run]) -> Run:
-    """The run with the median wall time (the lower middle one of an even count) stands for the system."""
+    """The run with the median wall time (the lower middle of an even count)."""
     wall = statistics.median_low([r.wall_s for r in runs])
     return next(r for r in runs if r.wall_s == wall)
 
@@ -55,8 +54,7 @@ class BenchReport:
         return {name: median_run(runs) for name, runs in self.runs.items()}
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """How many times `of`'s tokens/s is `over`'s: the median of the ratios within each repeat (the ratio
-        of two medians would mix runs minutes apart)."""
+        """`of`'s tokens/s over `over`'s: the median of the ratios within each repeat (not of runs minutes apart)."""
         if of not in self.runs or over not in self.runs:
             return None
         return statistics.median(paired_ratios(self.runs[of], self.runs[over]))
@@ -122,11 +120,8 @@ def describe_machine(device: torch.device) -> tuple[str, str]:
     import transformers
 
     cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:  # not Linux
-        pass
+    with suppress(OSError), open("/proc/cpuinfo") as f:  # Linux only
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     short = (f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else
              f"cpu ({cpu}, {cores} cores, {torch.get_num_threads()} torch threads)")

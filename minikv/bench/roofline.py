@@ -4,8 +4,6 @@
 alone at the same shapes in the same run (docs/benchmarks.md, "the roofline").
 """
 
-from __future__ import annotations
-
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,9 +42,8 @@ class Roofline:
 
 def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_logits: int,
                   last_keys: int | None = None) -> int:
-    """Multiply-adds x 2 of one forward over `num_tokens` new tokens. `attended_keys`: the (query, key) pairs
-    attention computes over the batch (S for a decode query over S tokens, T(T+1)/2 for a causal prompt of T).
-    `last_keys`: those of a last layer that runs qkv for every token, the rest only for the `num_logits` rows."""
+    """2 x multiply-adds of a forward over `num_tokens` tokens; `attended_keys`: the batch's (query, key) pairs,
+    `last_keys`: those of a last layer run past qkv for the `num_logits` rows only (docs/benchmarks.md)."""
     h, d = config.hidden_size, config.head_dim
     qkv, o = h * (config.num_heads + 2 * config.num_kv_heads) * d, config.num_heads * d * h
     mlp = h * 2 * config.intermediate_size + config.intermediate_size * h  # gate_up, down
@@ -91,8 +88,8 @@ def scattered_pool(model: Llama, lens: list[int], page_size: int) -> tuple[PageP
 
 
 def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: str) -> Callable[[], list[int]]:
-    """One engine step over the batch on a scattered pool: every prompt prefilled at once, or one
-    token decoded after each prompt; the backend's construction, the forward and the greedy choice."""
+    """One engine step on a scattered pool (all prompts prefilled, or a token decoded after each): backend, forward,
+    greedy choice."""
     device, lens = model.device, [len(p) for p in prompts]
     pool, tables = scattered_pool(model, lens, page_size)
     if phase == "prefill":
@@ -112,8 +109,8 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
 
 
 def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int = 1,
-                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Median seconds of each of `fns` by `clock`, timed in turn so that drift in the host hits all alike."""
+                   clock: Callable[[], float] = time.perf_counter, summary: Callable = statistics.median) -> list:
+    """Median (or `summary`) seconds of each of `fns` by `clock`, timed in turn so that host drift hits all alike."""
     times: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + iters):
         for fn, ts in zip(fns, times):
@@ -121,12 +118,12 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
             fn()
             if i >= warmup:
                 ts.append(clock() - start)
-    return [statistics.median(ts) for ts in times]
+    return [summary(ts) for ts in times]
 
 
 def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Roofline:
-    """The batch `prompts`: one decode step after them and a prefill of them all, each against its matmuls, by
-    this thread's CPU time on a CPU (a wall clock counts the waits for a core on a shared host), wall time on a GPU."""
+    """A decode step after `prompts` and a prefill of them all, each against its matmuls; timed by this thread's
+    CPU time on a CPU (a shared host's waits for a core would count), wall time on a GPU."""
     config, lens = model.config, [len(p) for p in prompts]
     clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
     rates = []

@@ -1,12 +1,7 @@
 """`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests.
 
-Both servers run at once on loopback with the same model, window and pool; asyncio clients stream
-greedy completions through httpx. Every server answers the workload once and the texts must match
-before anything is timed; then paired rounds, the order alternating from one pairing to the next
-(docs/benchmarks.md says what each figure means).
+Texts are checked once, then paired rounds are timed (docs/benchmarks.md says how and what each figure means).
 """
-
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -41,11 +36,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def stream_one(http: httpx.AsyncClient, url: str, model: str,
                      request: BenchRequest) -> tuple[Completion, float | None, float | None] | None:
-    """One streamed greedy completion: (completion, TTFT, inter-token latency); None on failure.
-
-    The latency is the request's mean from its first text to its last event with a choice: under load many
-    tokens' events arrive at once (vLLM's often in one burst at the end), so gaps between events would not do.
-    """
+    """One streamed greedy completion: (completion, TTFT, inter-token latency); None on failure. The latency is
+    the mean from first text to last event: under load events come in bursts, so their gaps would not do."""
     body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     start, first, last, text, usage = time.perf_counter(), None, None, [], {}
@@ -71,7 +63,7 @@ async def stream_one(http: httpx.AsyncClient, url: str, model: str,
 
 
 async def run_load(url: str, model: str, requests: list[BenchRequest], clients: int, key: str | None = None) -> Run:
-    """`clients` tasks take the requests in order from one queue until none is left (with bearer `key`, if any)."""
+    """`clients` tasks take the requests in order from one queue (with bearer `key`, if any)."""
     results: list = [None] * len(requests)
     todo = iter(range(len(requests)))
 
@@ -154,7 +146,7 @@ class ServingReport:
 
 def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], clients: list[int], rounds: int,
                 command: str, say=print) -> ServingReport:
-    """The checked pass, then the paired rounds (see the module docstring). urls: server -> (url, model)."""
+    """The checked pass, then the paired rounds. urls: server -> (url, model)."""
     report = ServingReport(list(urls), clients, rounds, command)
     checked = {}
     for name, (url, model) in urls.items():  # a warm-up, then the pass whose texts are compared

@@ -1,11 +1,7 @@
-"""The systems the benchmark races, each a function of the workload that returns a `Run`.
+"""The systems the benchmark races (docs/benchmarks.md), each a function of the workload that returns a `Run`.
 
-A run is timed from the moment the whole workload is handed over until the last token; setup
-(building an engine, starting transformers' batching thread) is not timed. Every runner decodes
-greedily, so all must return the same completions; docs/benchmarks.md names them.
+A run is timed from handing over the whole workload to the last token, setup not included; all decode greedily.
 """
-
-from __future__ import annotations
 
 import logging
 import time
@@ -129,9 +125,8 @@ def hf_sequential(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work
 @torch.inference_mode()
 def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                       page_size: int = 16) -> Run:
-    """transformers' continuous batching: the manager `generate_batch` wraps, fed request by request (it takes a
-    max_new_tokens per request). Its KV cache fits the workload (on a CPU it would ask psutil), prefix sharing is
-    off, the clock runs while its thread does; a fresh manager each run (a cached one keeps its first size)."""
+    """transformers' continuous batching, the manager `generate_batch` wraps, fed request by request; a fresh one
+    each run (a cached one keeps its first size), its KV cache sized to the workload, prefix sharing off."""
     prompts = prompt_ids(tokenizer, workload)
     cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages_to_hold(tokenizer, workload, page_size)
                                          + len(workload), max_batch_tokens=2048, allow_block_sharing=False)
@@ -164,9 +159,8 @@ def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, 
 # -- minikv ----------------------------------------------------------------------------------
 @torch.inference_mode()
 def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> Run:
-    """Static batching over a contiguous cache, the serving engine *before* page pools: every request holds a
-    row as long as the longest could get (prompt + max_tokens) until the whole batch ends. Each prompt is
-    prefilled on its own, then every unfinished row decodes one token per step."""
+    """Static batching over a contiguous cache (before page pools): a row of the longest prompt + max_tokens per
+    request until the batch ends; each prompt prefilled alone, then every unfinished row decodes a token a step."""
     start, device = time.perf_counter(), model.device
     prompts, budgets = prompt_ids(tokenizer, workload), [r.max_tokens for r in workload]
     cache = ContiguousCache(model.config, len(prompts), max(len(p) + m for p, m in zip(prompts, budgets)), device,
@@ -208,18 +202,17 @@ def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> Run:
 
 
 def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
-                 page_size: int = 16, scrub_on_free: bool = False) -> Run:
-    """The paged engine, with audit and event log off, and a pool that holds the whole workload."""
+                 page_size: int = 16, scrub_on_free: bool = False, **config) -> Run:
+    """The paged engine, with audit and event log off, a pool that holds the whole workload, and `config`."""
     config = EngineConfig(page_size=page_size, num_pages=pages_to_hold(tokenizer, workload, page_size),
-                          audit=False, event_log=False)
+                          audit=False, event_log=False, **config)
     return serve_all(Engine(model, tokenizer, config, scrub_on_free=scrub_on_free), workload)
 
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
          switches: SafetySwitches, page_size: int = 16) -> Run:
-    """The disaggregated pair behind its front door, under `switches`. Its pools fit the workload and the
-    context window (so startup_check passes); the fabric moves 64 pages a tick, as a real RDMA link carries
-    a prompt's KV within an engine step (the incident's 1 page a tick is the late-write lesson, not a figure)."""
+    """The disaggregated pair under `switches`, pools fitting the workload and window (startup_check passes); 64
+    pages a tick, as an RDMA link carries a prompt's KV within a step (1 a tick is the late-write lesson)."""
     config = ClusterConfig(page_size=page_size, prefill_pages=128,
                            decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
                            transfer_pages_per_tick=64, audit=False, event_log=False)

@@ -1,20 +1,17 @@
-"""The distributed KV transfer measured over loopback, and `run_pair`, the harness that runs a bare pair
-(tests/test_transfer_protocol.py drives the protocol through it).
+"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair.
 
     python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
     python -m minikv.bench.transfer --first-token        # time to first token: Cluster vs DistCluster
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from datetime import timedelta
 
 import torch
@@ -28,6 +25,7 @@ from minikv.disagg.transfer.torch_dist import DistKVManager
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.page_pool import PagePool
 from minikv.model.llama import ModelConfig
+from minikv.serve.command import positive_int
 
 Worker = Callable[[int, dist.Store, float, tuple], dict]
 
@@ -46,8 +44,8 @@ def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, dead
 
 
 def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """Run `worker(rank, store, deadline, args)` as rank 0 (prefill, the sender) and rank 1 (decode), each with gloo
-    over loopback and the bootstrap TCPStore, both killed past `timeout_s`; (prefill result, decode result)."""
+    """`worker(rank, store, deadline, args)` as prefill (sender) and decode, gloo over loopback, both killed past
+    `timeout_s`; (prefill result, decode result)."""
     with tempfile.TemporaryDirectory() as out_dir:
         deadline = time.time() + timeout_s
         ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)
@@ -119,8 +117,7 @@ def measure(pages_per_room: int, rooms: int, page_size: int = 16, timeout_s: flo
 
 
 def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
-    """Median time to first token of the same greedy requests through the in-process Cluster and
-    through DistCluster (two worker processes, the front door's queues included)."""
+    """Median time to first token of the same requests through Cluster and DistCluster (two processes)."""
     from minikv.bench.systems import BenchRequest, serve_all
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.dist.cluster import DistCluster
@@ -134,23 +131,17 @@ def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
     result = {"requests": num_requests, "max_tokens": max_tokens}
     for name, door in (("in_process", lambda: Cluster(model, tokenizer, config, switches)),
                        ("dist_cluster", lambda: DistCluster(tokenizer, config, switches))):
-        pair = door()
-        try:
+        with closing(door()) as pair:
             result[f"{name}_median_ttft_ms"] = round(1000 * statistics.median(serve_all(pair, workload).ttft_s), 2)
-        finally:
-            pair.close()
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Measure the distributed KV transfer over loopback.")
-    parser.add_argument("--pages", type=int, default=256, help="pages per room")
-    parser.add_argument("--rooms", type=int, default=8, help="rooms, transferred one after another")
+    parser.add_argument("--pages", type=positive_int, default=256, help="pages per room")
+    parser.add_argument("--rooms", type=positive_int, default=8, help="rooms, transferred one after another")
     parser.add_argument("--first-token", action="store_true", help="time to first token: Cluster vs DistCluster")
     args = parser.parse_args(argv)
-    if args.pages < 1 or args.rooms < 1:
-        print("error: --pages and --rooms must be at least 1", file=sys.stderr)
-        return 2
     print(json.dumps(compare_first_token() if args.first_token else measure(args.pages, args.rooms)))
     return 0
 

@@ -2,6 +2,7 @@
 
     python scripts/serve_load.py --clients 32 --requests 320          # starts its own server
     python scripts/serve_load.py --url http://127.0.0.1:8000 --key sk-... --clients 8
+    python scripts/serve_load.py -- --disagg --preset safe --context-len 672          # flags for minikv serve
 
 Each request is a note (`cNN: save pin 123456.`, about 24 prompt tokens) answered greedily (about
 17 tokens). The load generator runs on the same machine as the server, so both share its cores.
@@ -12,6 +13,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 import openai
 
@@ -21,29 +23,49 @@ from minikv.serve.launch import ServerProcess
 MODEL = "tiny-llama"
 
 
-async def client(api: openai.AsyncOpenAI, index: int, count: int, latencies: list[float], wrong: list[str]) -> None:
+async def client(api: openai.AsyncOpenAI, index: int, count: int, latencies: list[float], wrong: list[str],
+                 errors: list[str]) -> None:
     for i in range(count):
         pin = f"{(index * 7919 + i * 104729) % 10**6:06d}"
         start = time.perf_counter()
-        r = await api.completions.create(model=MODEL, prompt=f"c{index:02d}: save pin {pin}.\n", max_tokens=24)
+        try:
+            r = await api.completions.create(model=MODEL, prompt=f"c{index:02d}: save pin {pin}.\n", max_tokens=24)
+        except openai.APIError as e:  # counted, never retried
+            errors.append(type(e).__name__)
+            continue
         latencies.append(time.perf_counter() - start)
         if r.choices[0].text != f"saved pin {pin}.":  # the model's own copying errors, counted, not hidden
             wrong.append(f"{pin} -> {r.choices[0].text!r}")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its children (the distributed workers), in MiB."""
+    total, todo = 0, [pid]
+    while todo:
+        proc = Path(f"/proc/{todo.pop()}")
+        try:
+            total += next(int(line.split()[1]) for line in (proc / "status").read_text().splitlines()
+                          if line.startswith("VmRSS:"))
+            todo += [int(c) for task in (proc / "task").iterdir() for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):  # it exited meanwhile
+            pass
+    return round(total / 1024, 1)
+
+
 async def load(url: str, key: str, clients: int, requests: int) -> dict:
     latencies: list[float] = []
     wrong: list[str] = []
+    errors: list[str] = []
     async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key, max_retries=0, timeout=120) as api:
-        await client(api, 99, 2, [], [])  # warm-up, not timed
+        await client(api, 99, 2, [], [], [])  # warm-up, not timed
         start = time.perf_counter()
         per_client = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
-        await asyncio.gather(*(client(api, i, n, latencies, wrong) for i, n in enumerate(per_client)))
+        await asyncio.gather(*(client(api, i, n, latencies, wrong, errors) for i, n in enumerate(per_client)))
         wall = time.perf_counter() - start
     p50, p99 = p50_p99(latencies)
     return {"clients": clients, "requests": len(latencies), "wall_s": round(wall, 2),
             "requests_per_s": round(len(latencies) / wall, 1), "p50_ms": round(1e3 * p50, 1),
-            "p99_ms": round(1e3 * p99, 1), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "p99_ms": round(1e3 * p99, 1), "errors": len(errors), "wrong_replies": wrong, "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main() -> int:
@@ -52,11 +74,13 @@ def main() -> int:
     parser.add_argument("--key", default="sk-load-0000", help="API key for --url")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests", type=int, default=320, help="requests per run (default %(default)s)")
+    parser.add_argument("serve_args", nargs="*", help="after --: flags for the minikv serve it starts")
     args = parser.parse_args()
-    server = None if args.url else ServerProcess(["--api-key", f"load={args.key}"])
+    server = None if args.url else ServerProcess(["--api-key", f"load={args.key}", *args.serve_args])
     try:
         for n in args.clients:
-            print(json.dumps(asyncio.run(load(args.url or server.url, args.key, n, args.requests))), flush=True)
+            row = asyncio.run(load(args.url or server.url, args.key, n, args.requests))
+            print(json.dumps(row | ({"server_rss_mib": rss_mib(server.process.pid)} if server else {})), flush=True)
     finally:
         if server:
             server.stop()

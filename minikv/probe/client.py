@@ -1,11 +1,6 @@
-"""The probe's HTTP client: streamed completions, timed, within a request budget and a deadline.
-
-Time to first token is measured as a gateway measures it: from sending to the first event with text.
-Nothing the endpoint sends holds the probe past its deadline (every wait is bounded by the time left,
-and a watchdog shuts the socket then) or fills its memory (a reply is read up to `MAX_BODY_BYTES`).
-"""
-
-from __future__ import annotations
+"""The probe's HTTP client: streamed completions, timed from sending to the first event with text, within a
+request budget and a deadline that nothing the endpoint sends can hold it past (a watchdog shuts the socket then),
+and reading a reply only up to `MAX_BODY_BYTES`."""
 
 import hashlib
 import json

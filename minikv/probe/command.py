@@ -1,10 +1,5 @@
 """`python -m minikv probe URL --key KEY_A --key KEY_B [...]`: the command line (docs/serve.md, "The probe").
-
-Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a check
-could not finish). It never sends more than `--budget` requests or runs past `--time-limit` seconds.
-"""
-
-from __future__ import annotations
+Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed or a check could not end."""
 
 import argparse
 import json

@@ -1,7 +1,5 @@
 """What one probe run is asked to do, with its defaults; no heavy imports (the command line reads these first)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 CHECKS = ("canary", "over-length", "honesty", "prefix-cache", "eviction", "token-gaps")  # in the order they run

@@ -1,11 +1,6 @@
-"""What the probe reads back: an Observation per request, every field checked against the OpenAI API.
-
-A reply the API does not allow (usage as an array, a count as a string, an event that is not a
-JSON object, a stream cut before `[DONE]`, ...) raises CannotProbe with one line saying what was
-wrong: a malformed endpoint cannot be probed, and is never a check's FAIL.
-"""
-
-from __future__ import annotations
+"""What the probe reads back: an Observation per request, every field checked against the OpenAI API. A reply
+the API does not allow (usage as an array, a count as a string, a stream cut before `[DONE]`, ...) raises
+CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL."""
 
 import json
 import re

@@ -1,7 +1,5 @@
 """What the probe found: each check's exchanges, figures and verdict, and the run's report and exit status."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"

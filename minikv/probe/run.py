@@ -1,7 +1,5 @@
 """Running the probe: open a session on the endpoint, run the chosen checks in order, collect the report."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from functools import partial
 

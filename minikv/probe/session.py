@@ -1,11 +1,6 @@
 """The session every check shares: the client, the two keys, the window and the endpoint's token scale.
-
-Prompts are random letters separated by spaces, as in Gu et al. ("Auditing Prompt Caching in
-Language Model APIs", ICML 2025): no two share a prefix by accident. The probe cannot see the
-endpoint's tokenizer, so two calibration prompts measure tokens per word from `usage.prompt_tokens`.
-"""
-
-from __future__ import annotations
+Prompts are random letters separated by spaces (Gu et al., ICML 2025): no two share a prefix by accident; two
+calibration prompts measure tokens per word from `usage.prompt_tokens`, since the tokenizer is not visible."""
 
 import math
 import random

@@ -1,12 +1,6 @@
 """Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? (a residual)
-
-A prefill runs in a step between or beside the running streams' decode steps, so their next tokens
-wait for it; a prompt that hits its own cache skips most of it. B streams while A sends a fresh
-prompt and a repeated one; how well B's largest gap tells them apart is reported as ROC AUC, an
-INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap").
-"""
-
-from __future__ import annotations
+B streams while A sends a fresh prompt and a repeated one; how well B's largest gap tells them apart is reported
+as ROC AUC, an INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap")."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor

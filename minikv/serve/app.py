@@ -3,8 +3,6 @@ goes to the gateway log; a bad request ends itself with an error in OpenAI's sha
 on a thread of this process, never on the engine loop's, so that it delays no one.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import time

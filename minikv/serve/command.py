@@ -3,8 +3,6 @@ On SIGINT or SIGTERM it takes no new request, lets those in flight go on for --s
 still running with a 503 (a stream with an error event and [DONE]), and exits 0.
 """
 
-from __future__ import annotations
-
 import argparse
 import signal
 import sys

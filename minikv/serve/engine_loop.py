@@ -4,8 +4,6 @@ engine core. A handler talks to the loop only through a `Ticket`: the loop submi
 request's text as the sequence shows it, and hands it its `Response` exactly once (docs/serve.md).
 """
 
-from __future__ import annotations
-
 import asyncio
 import queue
 import sys

@@ -2,8 +2,6 @@
 `response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs.
 """
 
-from __future__ import annotations
-
 import json
 import threading
 import time

@@ -6,8 +6,6 @@ so that a notebook loads torch and the model once (notebook 10); `peer.PeerServe
         openai.OpenAI(base_url=server.base_url, api_key="sk-alice") ...
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import secrets

@@ -3,8 +3,6 @@
 on and `cached_tokens` reported, greedy float32 on the CPU (docs/peers.md).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import signal

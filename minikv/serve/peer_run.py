@@ -6,8 +6,6 @@ cache) and as one that salts per key (`--salt-per-key`, with the eviction check)
 set up, notebook 11 shows the run recorded in RECORDED, written by `python -m minikv.serve.peer_run`.
 """
 
-from __future__ import annotations
-
 import asyncio
 import datetime
 import json

@@ -3,8 +3,6 @@ are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7), v
 the HTTP and the in-process API refuse the same requests with the same words (docs/serve.md).
 """
 
-from __future__ import annotations
-
 import re
 from http import HTTPStatus
 from typing import Literal

@@ -39,7 +39,6 @@ def run_probe(args: argparse.Namespace) -> int:
         print(f"error: --time-limit must be a number of seconds above 0, got {args.time_limit}", file=sys.stderr)
         return 2
     from minikv.probe.run import CannotProbe, probe_endpoint  # scipy and httpx: only when the probe runs
-
     show = None if args.json else (lambda r: print(r.format(), flush=True))
     try:
         report = probe_endpoint(args.url, *args.key, on_result=show, model=args.model, context=args.context,

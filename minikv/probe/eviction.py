@@ -36,7 +36,6 @@ def check_eviction(s: ProbeSession, result: CheckResult) -> None:
 
 def measure_pool(s: ProbeSession, result: CheckResult, words: int) -> int | None:
     """Key B's prompts until its least recently used one comes back short: the tokens the pool keeps.
-
     None when B's own repeated prompt reads no cached tokens: there is no cache to share an order."""
     resident: list[str] = []  # B's prompts, least recently used first
     whole = None  # cached_tokens of a prompt nothing has evicted

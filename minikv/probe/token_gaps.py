@@ -55,10 +55,8 @@ def check_token_gaps(s: ProbeSession, result: CheckResult) -> None:
 
 
 def beside_a_stream(s: ProbeSession, prompts: list[str]) -> list[tuple[float | None, Observation]]:
-    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, A's Observation).
-
-    The gap is None when B's stream did not run through the whole of A's request.
-    """
+    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, A's Observation);
+    the gap is None when B's stream did not run through the whole of A's request."""
     control = StreamControl()
     with ThreadPoolExecutor(max_workers=1) as pool:
         stream = pool.submit(s.client.complete, s.key_b, B_PROMPT, B_MAX_TOKENS, control)

@@ -1,6 +1,5 @@
 """The server's own gateway log: one JSON line per call, with exactly the fields `scan-logs` reads (`FIELD_TYPES`).
-`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs.
-"""
+`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs."""
 
 import json
 import threading

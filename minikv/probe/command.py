@@ -7,7 +7,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from minikv.probe.options import CHECKS, DEFAULT_CHECKS, ProbeOptions
+from minikv.probe.report import CHECKS, DEFAULT_CHECKS, ProbeOptions
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:

@@ -9,11 +9,10 @@ from minikv.probe.canary import check_canary
 from minikv.probe.client import OutOfBudget, ProbeClient, mask
 from minikv.probe.eviction import check_eviction
 from minikv.probe.honesty import check_honesty
-from minikv.probe.options import ProbeOptions
 from minikv.probe.over_length import check_over_length
 from minikv.probe.prefix_cache import check_prefix_cache
 from minikv.probe.replies import CannotProbe
-from minikv.probe.report import INCOMPLETE, CheckResult, Incomplete, ProbeReport
+from minikv.probe.report import INCOMPLETE, CheckResult, Incomplete, ProbeOptions, ProbeReport
 from minikv.probe.session import ProbeSession, open_session
 from minikv.probe.token_gaps import check_token_gaps
 

@@ -11,7 +11,7 @@ import pytest
 
 from minikv.probe.canary import holds_canary
 from minikv.probe.session import TokenScale, random_words
-from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, exit_status
+from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, ProbeReport
 from minikv.serve.launch import ServerProcess, free_port
 
 KEY_A, KEY_B = "sk-alice-0001", "sk-bob-0002"
@@ -123,10 +123,11 @@ def test_canary_match_needs_eight_characters():
 
 def test_exit_status():
     """Any fail is 1; otherwise anything unfinished is 2; all passed is 0."""
-    r = lambda v: CheckResult("x", v)  # noqa: E731
-    assert exit_status([r(PASS), r(PASS)]) == 0
-    assert exit_status([r(PASS), r(INCOMPLETE)]) == 2
-    assert exit_status([r(INCOMPLETE), r(FAIL)]) == 1
+    def exit_status(verdicts: list[str]) -> int:
+        return ProbeReport("http://x/v1", "m", 64, [], results=[CheckResult("x", v) for v in verdicts]).status
+    assert exit_status([PASS, PASS]) == 0
+    assert exit_status([PASS, INCOMPLETE]) == 2
+    assert exit_status([INCOMPLETE, FAIL]) == 1
 
 
 # --- the prefix-cache audit against a simulated endpoint ---------------------------------------------

@@ -1,12 +1,7 @@
-"""Canary: a random string key A sends must never come back to key B.
+"""Canary: a random string key A sends must never come back to key B (docs/serve.md, "The probe").
 
-Key A saves a fresh canary (the shipped model repeats notes, so it sits in A's KV pages); right
-after, key B sends prompts from three quarters of the window to its top, and past it: the requests
-that reached freed pages in the incident. It runs first, before the probe's own traffic fills the
-pool. Any 8 characters of a canary in B's reply are another tenant's data.
-"""
-
-from __future__ import annotations
+Right after key A saves a fresh canary (the shipped model repeats notes), key B sends prompts from three quarters
+of the window to past it: the requests that reached freed pages in the incident."""
 
 import string
 from http import HTTPStatus

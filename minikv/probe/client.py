@@ -1,11 +1,6 @@
-"""The probe's HTTP client: streamed completions, timed, within a request budget and a deadline.
-
-Time to first token is measured as a gateway measures it: from sending to the first event with text.
-Nothing the endpoint sends holds the probe past its deadline (every wait is bounded by the time left,
-and a watchdog shuts the socket then) or fills its memory (a reply is read up to `MAX_BODY_BYTES`).
-"""
-
-from __future__ import annotations
+"""The probe's HTTP client: streamed completions, timed from sending to the first event with text, within a
+request budget and a deadline that nothing the endpoint sends can hold it past (a watchdog shuts the socket then),
+and reading a reply only up to `MAX_BODY_BYTES`."""
 
 import hashlib
 import json
@@ -18,8 +13,8 @@ from http import HTTPStatus
 
 import httpx
 
-from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_body, error_observation, first_bytes,
-                                  lines, read_stream)
+from minikv.probe.replies import (CannotProbe, Observation, StreamControl, error_body, error_observation, lines,
+                                  read_stream)
 from minikv.probe.report import Incomplete
 
 REQUEST_TIMEOUT_S = 60.0  # the longest wait for any one read, inside the time limit
@@ -96,13 +91,12 @@ class ProbeClient:
         start = time.perf_counter()
         with self._request("POST", "completions", key, body) as (r, chunks):
             if r.status_code != HTTPStatus.OK:
-                return error_observation(r.status_code, error_body(first_bytes(chunks)), time.perf_counter() - start)
+                return error_observation(r.status_code, error_body(chunks), time.perf_counter() - start)
             return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
 
     @contextmanager
     def _request(self, method: str, path: str, key: str, body: dict | None = None):
         """(response, its body's chunks), one request of the budget; what goes wrong is CannotProbe or OutOfBudget.
-
         A watchdog shuts the socket at the deadline, so that a blocked read returns then."""
         url = f"{self.base}/{path}"
         timeout = self._spend()

@@ -1,10 +1,5 @@
 """`python -m minikv probe URL --key KEY_A --key KEY_B [...]`: the command line (docs/serve.md, "The probe").
-
-Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed (or a check
-could not finish). It never sends more than `--budget` requests or runs past `--time-limit` seconds.
-"""
-
-from __future__ import annotations
+Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed or a check could not end."""
 
 import argparse
 import json
@@ -12,7 +7,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from minikv.probe.options import CHECKS, DEFAULT_CHECKS, ProbeOptions
+from minikv.probe.report import CHECKS, DEFAULT_CHECKS, ProbeOptions
 
 
 def add_probe_arguments(parser: argparse.ArgumentParser, positive_int: Callable[[str], int]) -> None:
@@ -44,7 +39,6 @@ def run_probe(args: argparse.Namespace) -> int:
         print(f"error: --time-limit must be a number of seconds above 0, got {args.time_limit}", file=sys.stderr)
         return 2
     from minikv.probe.run import CannotProbe, probe_endpoint  # scipy and httpx: only when the probe runs
-
     show = None if args.json else (lambda r: print(r.format(), flush=True))
     try:
         report = probe_endpoint(args.url, *args.key, on_result=show, model=args.model, context=args.context,

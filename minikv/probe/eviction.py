@@ -1,12 +1,6 @@
-"""Shared eviction order: does key B's own cache tell it what key A sent? (prime and probe)
-
-A salt per tenant keeps cache keys apart, but if unheld cached pages sit in one LRU list, tenants
-evict each other (Osvik, Shamir and Tromer 2006). B measures the pool, then in each trial fills it,
-A sends a prompt and then the same one again or a different one, and B re-sends its oldest prompt:
-its own `cached_tokens` is higher after A repeated itself. docs/serve.md tells the whole procedure.
-"""
-
-from __future__ import annotations
+"""Shared eviction order: does key B's own cache tell it what key A sent? (prime and probe; Osvik, Shamir and
+Tromer 2006). Key B measures the pool, then in each trial fills it, A sends a prompt twice or two different ones,
+and B re-sends its oldest: its own `cached_tokens` is higher after A repeated itself (docs/serve.md)."""
 
 import math
 
@@ -42,7 +36,6 @@ def check_eviction(s: ProbeSession, result: CheckResult) -> None:
 
 def measure_pool(s: ProbeSession, result: CheckResult, words: int) -> int | None:
     """Key B's prompts until its least recently used one comes back short: the tokens the pool keeps.
-
     None when B's own repeated prompt reads no cached tokens: there is no cache to share an order."""
     resident: list[str] = []  # B's prompts, least recently used first
     whole = None  # cached_tokens of a prompt nothing has evicted

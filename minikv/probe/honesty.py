@@ -1,11 +1,6 @@
-"""Prompt-token honesty: usage.prompt_tokens is what was sent, and reading more takes longer.
-
-The counts must follow the token scale measured at calibration for prompts of every size (a
-server that counts what it processed instead of what it was sent shows here). And prefill reads
-every prompt token, so a longer prompt cannot come back sooner (the tell of notebook 05).
-"""
-
-from __future__ import annotations
+"""Prompt-token honesty: usage.prompt_tokens follows the token scale measured at calibration for prompts of
+every size (a server that counts what it processed shows here), and a longer prompt, whose prefill reads every
+token, cannot come back sooner (the tell of notebook 05)."""
 
 from minikv.probe.report import FAIL, PASS, CheckResult
 from minikv.probe.session import ProbeSession, fastest_ms, served

@@ -1,12 +1,6 @@
-"""Over-length: what the endpoint cannot hold must be refused, never answered 200.
-
-A prompt just past the advertised window answered 200: the window is not enforced. A prompt at the
-window's top answered 200 far sooner than prefill needs was not read: the incident's shape
-(notebook 05). The check times short prompts (1/64 to 3/16 of the window, five times each, the
-fastest kept), fits a line, and asks whether the top prompt took less than half what it predicts.
-"""
-
-from __future__ import annotations
+"""Over-length: a prompt past the window must be refused, and one at its top read (notebook 05). The check
+fits a line to the fastest times of short prompts (1/64 to 3/16 of the window, five times each) and fails a top
+prompt answered 200 in under half what the line predicts (docs/serve.md, "The probe")."""
 
 import statistics
 from http import HTTPStatus

@@ -1,11 +1,6 @@
-"""What the probe reads back: an Observation per request, every field checked against the OpenAI API.
-
-A reply the API does not allow (usage as an array, a count as a string, an event that is not a
-JSON object, a stream cut before `[DONE]`, ...) raises CannotProbe with one line saying what was
-wrong: a malformed endpoint cannot be probed, and is never a check's FAIL.
-"""
-
-from __future__ import annotations
+"""What the probe reads back: an Observation per request, every field checked against the OpenAI API. A reply
+the API does not allow (usage as an array, a count as a string, a stream cut before `[DONE]`, ...) raises
+CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL."""
 
 import json
 import re
@@ -67,16 +62,6 @@ def one_line(text: str, limit: int = 300) -> str:
     return " ".join(re.sub(r"<[^>]*>", " ", text).split())[:limit]
 
 
-def first_bytes(chunks: Iterator[bytes], limit: int = 4096) -> bytes:
-    """Enough of an error body to quote; the rest is left unread."""
-    data = b""
-    for chunk in chunks:
-        data += chunk
-        if len(data) >= limit:
-            break
-    return data[:limit]
-
-
 def lines(chunks: Iterator[bytes]) -> Iterator[str]:
     """Lines of a byte stream (LF or CRLF), decoded leniently."""
     pending = b""
@@ -98,12 +83,17 @@ def error_observation(status: int, error: object, latency_s: float, text: str = 
                        error_message=one_line(message))
 
 
-def error_body(content: bytes) -> object:
-    """The `error` of a JSON error body, or the body as text."""
+def error_body(chunks: Iterator[bytes], limit: int = 4096) -> object:
+    """The `error` of a JSON error body, or the body as text; only its first `limit` bytes are read."""
+    content = b""
+    for chunk in chunks:
+        content += chunk
+        if len(content) >= limit:
+            break
     try:
-        return json.loads(content)["error"]
+        return json.loads(content[:limit])["error"]
     except (ValueError, KeyError, TypeError):
-        return content.decode("utf-8", "replace")
+        return content[:limit].decode("utf-8", "replace")
 
 
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,

@@ -1,11 +1,28 @@
-"""What the probe found: each check's exchanges, figures and verdict, and the run's report and exit status."""
-
-from __future__ import annotations
+"""What one probe run is asked to do (its options, with their defaults) and what it found: each check's exchanges,
+figures and verdict, and the run's report and exit status. No heavy imports: the command line reads these first."""
 
 from dataclasses import dataclass, field
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 INFO = "info"  # a measured residual, reported with its figures: never a pass or a fail
+CHECKS = ("canary", "over-length", "honesty", "prefix-cache", "eviction", "token-gaps")  # in the order they run
+DEFAULT_CHECKS = CHECKS[:4]  # the other two fill the endpoint's pool, or hold a stream open
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    model: str | None = None  # None: the first model /v1/models lists
+    context: int | None = None  # None: max_model_len from /v1/models
+    budget: int = 200  # requests
+    time_limit_s: float = 300.0
+    rounds: int = 20  # of the prefix-cache audit, 4 requests each
+    seed: int | None = None  # None: fresh prompts and canaries each run
+    salt_per_key: bool = False  # each key's requests carry a cache_salt of their own, as a salting gateway sends
+    checks: tuple[str, ...] = DEFAULT_CHECKS
+
+    def __post_init__(self) -> None:
+        unknown = set(self.checks) - set(CHECKS)
+        assert not unknown, f"unknown checks {sorted(unknown)}"
 
 
 class Incomplete(Exception):
@@ -37,13 +54,6 @@ class CheckResult:
         return "\n".join([f"[{self.name}]", *exchanges, f"  verdict: {self.verdict.upper()}: {self.reason}"])
 
 
-def exit_status(results: list[CheckResult]) -> int:
-    """0 all passed, 1 any failed, 2 a check could not finish (and none failed). INFO counts as passed."""
-    if any(r.verdict == FAIL for r in results):
-        return 1
-    return 0 if all(r.verdict in (PASS, INFO) for r in results) else 2
-
-
 @dataclass
 class ProbeReport:
     """Every check's result, and what the probe learned about the endpoint."""
@@ -58,7 +68,10 @@ class ProbeReport:
 
     @property
     def status(self) -> int:
-        return exit_status(self.results)
+        """The exit status: 0 all passed, 1 any failed, 2 a check could not finish (and none failed). INFO passes."""
+        if any(r.verdict == FAIL for r in self.results):
+            return 1
+        return 0 if all(r.verdict in (PASS, INFO) for r in self.results) else 2
 
     def verdicts(self) -> dict[str, str]:
         return {r.name: r.verdict for r in self.results}

@@ -1,7 +1,5 @@
 """Running the probe: open a session on the endpoint, run the chosen checks in order, collect the report."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from functools import partial
 
@@ -11,11 +9,10 @@ from minikv.probe.canary import check_canary
 from minikv.probe.client import OutOfBudget, ProbeClient, mask
 from minikv.probe.eviction import check_eviction
 from minikv.probe.honesty import check_honesty
-from minikv.probe.options import ProbeOptions
 from minikv.probe.over_length import check_over_length
 from minikv.probe.prefix_cache import check_prefix_cache
 from minikv.probe.replies import CannotProbe
-from minikv.probe.report import INCOMPLETE, CheckResult, Incomplete, ProbeReport
+from minikv.probe.report import INCOMPLETE, CheckResult, Incomplete, ProbeOptions, ProbeReport
 from minikv.probe.session import ProbeSession, open_session
 from minikv.probe.token_gaps import check_token_gaps
 
@@ -36,9 +33,7 @@ def checks(options: ProbeOptions) -> list[tuple[str, Callable[[ProbeSession, Che
 def probe_endpoint(url: str, key_a: str, key_b: str, on_result: Callable[[CheckResult], None] | None = None,
                    transport: httpx.BaseTransport | None = None, **settings) -> ProbeReport:
     """Run the chosen checks against `url`; `settings` are ProbeOptions' fields (rounds=, seed=, checks=, ...).
-
-    CannotProbe if the endpoint cannot be probed at all, or answers something the API does not allow.
-    """
+    CannotProbe if the endpoint cannot be probed at all, or answers something the API does not allow."""
     options = ProbeOptions(**settings)
     client = ProbeClient(url, options.budget, options.time_limit_s, transport, options.salt_per_key)
     try:

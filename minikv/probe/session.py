@@ -1,11 +1,6 @@
 """The session every check shares: the client, the two keys, the window and the endpoint's token scale.
-
-Prompts are random letters separated by spaces, as in Gu et al. ("Auditing Prompt Caching in
-Language Model APIs", ICML 2025): no two share a prefix by accident. The probe cannot see the
-endpoint's tokenizer, so two calibration prompts measure tokens per word from `usage.prompt_tokens`.
-"""
-
-from __future__ import annotations
+Prompts are random letters separated by spaces (Gu et al., ICML 2025): no two share a prefix by accident; two
+calibration prompts measure tokens per word from `usage.prompt_tokens`, since the tokenizer is not visible."""
 
 import math
 import random
@@ -15,9 +10,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 from minikv.probe.client import ProbeClient, mask
-from minikv.probe.options import ProbeOptions
 from minikv.probe.replies import CannotProbe, Observation
-from minikv.probe.report import Incomplete
+from minikv.probe.report import Incomplete, ProbeOptions
 
 CALIBRATION_WORDS = (8, 40)
 MARGIN_TOKENS = 16  # room for the token scale's rounding, past or below a window's edge
@@ -96,10 +90,8 @@ def open_session(client: ProbeClient, key_a: str, key_b: str, options: ProbeOpti
     """Both keys accepted, the model and its window known, the token scale measured; else CannotProbe."""
     listed = client.models(key_a)
     client.models(key_b)
-    client.model, card = pick_model(listed, options.model)
-    given = options.context is not None
-    context = options.context if given else advertised_context(card, client.model)
-    source = f"--context {context}" if given else f"max_model_len {context:,}"
+    client.model, context = model_and_window(listed, options)
+    source = f"--context {context}" if options.context is not None else f"max_model_len {context:,}"
     if context < MIN_CONTEXT:
         raise CannotProbe(f"{source} is below the {MIN_CONTEXT} tokens the probe needs to fit its prompts")
     if context > MAX_CONTEXT:
@@ -112,20 +104,18 @@ def open_session(client: ProbeClient, key_a: str, key_b: str, options: ProbeOpti
     return ProbeSession(client, key_a, key_b, context, scale, rng)
 
 
-def pick_model(listed: list[dict], model: str | None) -> tuple[str, dict | None]:
-    """The model to probe and its card from /v1/models (None if --model names one it does not list)."""
-    if model:
-        return model, next((m for m in listed if m.get("id") == model), None)
-    if not listed:
-        raise CannotProbe("/v1/models lists no model; pass --model")
-    first = listed[0].get("id")
-    if not isinstance(first, str) or not first:
-        raise CannotProbe(f"the first model /v1/models lists has no id string (id {first!r}); pass --model")
-    return first, listed[0]
-
-
-def advertised_context(card: dict | None, model: str) -> int:
-    """max_model_len (or context_length) from the model's card; CannotProbe if missing or not a count."""
+def model_and_window(listed: list[dict], options: ProbeOptions) -> tuple[str, int]:
+    """--model (else the first model /v1/models lists) and --context (else its card's max_model_len, or
+    context_length); CannotProbe if either cannot be known."""
+    model, card = options.model, next((m for m in listed if m.get("id") == options.model), None)
+    if not model:
+        if not listed:
+            raise CannotProbe("/v1/models lists no model; pass --model")
+        model, card = listed[0].get("id"), listed[0]
+        if not isinstance(model, str) or not model:
+            raise CannotProbe(f"the first model /v1/models lists has no id string (id {model!r}); pass --model")
+    if options.context is not None:
+        return model, options.context
     if card is None:
         raise CannotProbe(f"/v1/models does not list {model!r}, so its context window is unknown; pass --context N")
     value = card.get("max_model_len", card.get("context_length"))
@@ -135,7 +125,7 @@ def advertised_context(card: dict | None, model: str) -> int:
     if type(value) is not int:
         raise CannotProbe(f"/v1/models gives max_model_len {value!r} for {model!r}, not a token count; "
                           "pass --context N")
-    return value
+    return model, value
 
 
 def calibrate(client: ProbeClient, key: str, rng: random.Random) -> TokenScale:

@@ -1,12 +1,6 @@
 """Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? (a residual)
-
-A prefill runs in a step between or beside the running streams' decode steps, so their next tokens
-wait for it; a prompt that hits its own cache skips most of it. B streams while A sends a fresh
-prompt and a repeated one; how well B's largest gap tells them apart is reported as ROC AUC, an
-INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap").
-"""
-
-from __future__ import annotations
+B streams while A sends a fresh prompt and a repeated one; how well B's largest gap tells them apart is reported
+as ROC AUC, an INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap")."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,10 +55,8 @@ def check_token_gaps(s: ProbeSession, result: CheckResult) -> None:
 
 
 def beside_a_stream(s: ProbeSession, prompts: list[str]) -> list[tuple[float | None, Observation]]:
-    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, A's Observation).
-
-    The gap is None when B's stream did not run through the whole of A's request.
-    """
+    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, A's Observation);
+    the gap is None when B's stream did not run through the whole of A's request."""
     control = StreamControl()
     with ThreadPoolExecutor(max_workers=1) as pool:
         stream = pool.submit(s.client.complete, s.key_b, B_PROMPT, B_MAX_TOKENS, control)

@@ -1,9 +1,6 @@
-"""The HTTP routes, OpenAI-compatible as vLLM's and SGLang's (docs/serve.md), and bearer keys to tenants. Every call
-goes to the gateway log; a bad request ends itself with an error in OpenAI's shape; a prompt is checked and tokenized
-on a thread of this process, never on the engine loop's, so that it delays no one.
-"""
-
-from __future__ import annotations
+"""The HTTP routes, OpenAI-compatible as vLLM's and SGLang's, and bearer keys to tenants (docs/serve.md). Every
+call goes to the gateway log; a bad request ends itself with an error in OpenAI's shape; a prompt is checked and
+tokenized on a thread of this process, never on the engine loop's."""
 
 import asyncio
 import json
@@ -93,13 +90,12 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
         return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK)
 
     @app.get("/v1/models")
-    async def models(http: HTTPRequest) -> dict:
-        tenant_for(http.headers.get("authorization"), settings.api_keys)
-        return {"object": "list", "data": [card]}
-
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, http: HTTPRequest) -> dict:
+    async def models(http: HTTPRequest, model_id: str | None = None) -> dict:
+        """The list, or the card of the model named in the path (404 for any other)."""
         tenant_for(http.headers.get("authorization"), settings.api_keys)
+        if model_id is None:
+            return {"object": "list", "data": [card]}
         check_model(model_id, settings.model_name)
         return card
 
@@ -149,8 +145,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
 
 
 async def read_body(http: HTTPRequest, limit: int, schema: type[BaseModel]) -> SamplingFields:
-    """The body in the endpoint's schema; 413 as soon as more than `limit` bytes came, 400 naming the first problem (and
-    its field) of a body that is not JSON or not the schema."""
+    """The body in the endpoint's schema; 413 once over `limit` bytes, 400 naming the first problem (and its field)."""
     chunks, size = [], 0
     async for chunk in http.stream():
         size += len(chunk)

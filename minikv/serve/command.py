@@ -1,9 +1,5 @@
-"""`python -m minikv serve`: load the model, build one engine (or the prefill/decode cluster), serve (docs/serve.md).
-On SIGINT or SIGTERM it takes no new request, lets those in flight go on for --shutdown-grace seconds, ends each one
-still running with a 503 (a stream with an error event and [DONE]), and exits 0.
-"""
-
-from __future__ import annotations
+"""`python -m minikv serve`: load the model, build one engine (or the prefill/decode cluster), serve; on SIGINT or
+SIGTERM drain for --shutdown-grace seconds, then 503 what is still running, and exit 0 (docs/serve.md)."""
 
 import argparse
 import signal
@@ -25,36 +21,35 @@ def positive_int(text: str) -> int:
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
-    parser.add_argument("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
-    parser.add_argument("--transport", default="inprocess", choices=["inprocess", "distributed"],
-                        help="with --disagg: both nodes in this process (default), or each in its own worker process "
-                             "with the KV moved by torch.distributed")
-    parser.add_argument("--preset", default="safe", choices=["vulnerable", "safe"], help="safety switches (default %(default)s)")
-    parser.add_argument("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
-    parser.add_argument("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
-    parser.add_argument("--api-key", action="append", default=[], metavar="TENANT=KEY",
-                        help="a bearer key and the tenant it stands for (repeatable); none: everyone is tenant 'anon'")
-    parser.add_argument("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="S",
-                        help="after SIGTERM, how long requests in flight may go on before a 503 ends them (default %(default)g)")
-    parser.add_argument("--admin-key", metavar="KEY", help="the operator's bearer key: /health shows it pools, requests "
-                        "and workers (anyone else sees liveness only)")
-    parser.add_argument("--log", metavar="FILE", help="append the gateway log (JSON Lines, the scan-logs schema) to FILE")
-    parser.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-    parser.add_argument("--context-len", type=positive_int, help="context window in tokens (default 1024)")
-    parser.add_argument("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
-    parser.add_argument("--prefill-chunk", type=positive_int, metavar="TOKENS",
-                        help="chunked prefill on the single engine: a prompt at most this many tokens a step, a decode step between")
-    parser.add_argument("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to listen on (default %(default)s: this machine only)")
+    add("--port", type=int, default=8000, help="port (default %(default)s)")
+    add("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
+    add("--transport", default="inprocess", choices=["inprocess", "distributed"], help="with --disagg: both nodes "
+        "in this process (default), or each in its own worker process with the KV moved by torch.distributed")
+    add("--preset", default="safe", choices=["vulnerable", "safe"], help="safety switches (default %(default)s)")
+    add("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
+    add("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
+    add("--api-key", action="append", default=[], metavar="TENANT=KEY",
+        help="a bearer key and the tenant it stands for (repeatable); none: everyone is tenant 'anon'")
+    add("--shutdown-grace", type=float, default=SHUTDOWN_GRACE_S, metavar="S",
+        help="after SIGTERM, how long requests in flight may go on before a 503 ends them (default %(default)g)")
+    add("--admin-key", metavar="KEY",
+        help="the operator's bearer key: /health shows it pools, requests and workers (anyone else sees liveness only)")
+    add("--log", metavar="FILE", help="append the gateway log (JSON Lines, the scan-logs schema) to FILE")
+    add("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
+    add("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
+    add("--context-len", type=positive_int, help="context window in tokens (default 1024)")
+    add("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
+    add("--prefill-chunk", type=positive_int, metavar="TOKENS",
+        help="chunked prefill on the single engine: a prompt at most this many tokens a step, a decode step between")
+    add("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
+    add("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
 
 
 def check_args(args: argparse.Namespace):
     """Keys and switches, checked before the slow model load: ({key: tenant}, SafetySwitches)."""
     from minikv.disagg.switches import SafetySwitches
-
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")
     if args.transport != "inprocess" and not args.disagg:
@@ -84,7 +79,6 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
-
     keys, switches = check_args(args)
     model_name = Path(args.model).name if args.model else default_model_dir().name
     try:
@@ -126,7 +120,6 @@ def build_server(args: argparse.Namespace, model, tokenizer):
 def run_serve(args: argparse.Namespace, load) -> int:
     """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
     import torch
-
     check_args(args)
     torch.set_num_threads(args.threads)
     model, tokenizer = load(args.model, args.device)

@@ -1,10 +1,6 @@
-"""The one thread that owns the front door (`Engine`, `Cluster` or `DistCluster`): every connection's request is
-batched here, so a long prefill never stalls uvicorn's event loop and all clients share each step, as in vLLM's
-engine core. A handler talks to the loop only through a `Ticket`: the loop submits its request, relays a streamed
-request's text as the sequence shows it, and hands it its `Response` exactly once (docs/serve.md).
-"""
-
-from __future__ import annotations
+"""The one thread that owns the front door (`Engine`, `Cluster` or `DistCluster`), as vLLM's engine core: every
+connection's request shares each step, and a long prefill never stalls uvicorn's event loop. A handler talks to it
+only through a `Ticket`: streamed text as the sequence shows it, then its `Response`, exactly once (docs/serve.md)."""
 
 import asyncio
 import queue
@@ -171,8 +167,7 @@ class EngineLoop:
             self._outgoing.append((ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, reason)))
 
     def _relay(self) -> None:
-        """Each live request's progress; a streamed one's text as its sequence shows it (never a tail that could be
-        the start of a stop string)."""
+        """Each live request's progress; a streamed one's visible text (never a tail that could start a stop string)."""
         for eid, ticket in self._live.items():
             seq = self.door.seqs.get(eid)
             if seq is None:

@@ -1,8 +1,5 @@
 """The server's own gateway log: one JSON line per call, with exactly the fields `scan-logs` reads (`FIELD_TYPES`).
-`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs.
-"""
-
-from __future__ import annotations
+`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs."""
 
 import json
 import threading

@@ -1,18 +1,11 @@
-"""A server on a free loopback port, started and stopped cleanly. `ServerProcess` runs `python -m minikv serve ARGS`
-as a terminal would (tests, scripts); `ServerThread` runs the same server on a thread over a model already loaded,
-so that a notebook loads torch and the model once (notebook 10); `peer.PeerServer` is a ServerProcess running vLLM.
-
-    with ServerProcess(["--disagg", "--preset", "vulnerable", "--api-key", "alice=sk-alice"]) as server:
-        openai.OpenAI(base_url=server.base_url, api_key="sk-alice") ...
-"""
-
-from __future__ import annotations
+"""A server on a free loopback port, started and stopped cleanly: `ServerProcess` runs `python -m minikv serve ARGS`
+as a terminal would; `ServerThread` runs it on a thread over a model already loaded (notebook 10), so that torch and
+the model load once; `peer.PeerServer` is a ServerProcess running vLLM. Each is a context manager that stops it."""
 
 import argparse
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,15 +17,10 @@ from typing import TextIO
 
 import httpx
 
+from minikv.disagg.dist.cluster import free_port
+
 READY_TIMEOUT_S = 120.0  # loading the model on a busy 2-core machine can take a while
 STOP_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    """A TCP port nothing on 127.0.0.1 listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerStartError(RuntimeError):
@@ -124,7 +112,6 @@ class ServerThread(LocalServer):
 
     def __init__(self, args: list[str], model, tokenizer, port: int | None = None) -> None:
         from minikv.serve.command import add_serve_arguments, build_server
-
         super().__init__(port)
         parser = argparse.ArgumentParser(prog="minikv serve")
         add_serve_arguments(parser)

@@ -3,8 +3,6 @@
 on and `cached_tokens` reported, greedy float32 on the CPU (docs/peers.md).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import signal
@@ -20,7 +18,8 @@ PAGE_SIZE, NUM_PAGES, CONTEXT_LEN = 16, 256, 1024  # minikv serve's defaults
 VLLM_BLOCK = 32  # the smallest block vLLM's CPU attention takes
 
 
-def vllm_command(python: Path, model_dir: Path, port: int, num_pages: int, context_len: int) -> list[str]:
+def vllm_command(python: Path, model_dir: Path, port: int, num_pages: int = NUM_PAGES,
+                 context_len: int = CONTEXT_LEN) -> list[str]:
     """vLLM's OpenAI server with minikv's pool (num_pages x 16 tokens) and context window."""
     blocks, rest = divmod(num_pages * PAGE_SIZE, VLLM_BLOCK)
     assert rest == 0, f"a pool of {num_pages} pages of {PAGE_SIZE} is not whole {VLLM_BLOCK}-token blocks"

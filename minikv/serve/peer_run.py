@@ -1,12 +1,6 @@
-"""What notebook 11 shows of a real engine: the same text as minikv's, and the probe's verdicts on it.
-
-`peer_run(url, served, model, tok)` runs it against a served peer and returns a JSON-ready record: how many
-greedy replies equal minikv's, then a prompt past the window, then `minikv probe` twice, as a plain gateway sends (one shared
-cache) and as one that salts per key (`--salt-per-key`, with the eviction check). Where no peer is
-set up, notebook 11 shows the run recorded in RECORDED, written by `python -m minikv.serve.peer_run`.
-"""
-
-from __future__ import annotations
+"""What notebook 11 shows of a real engine: `peer_run` against a served peer returns how many greedy replies equal
+minikv's, a prompt past the window, and `minikv probe` as a plain gateway sends (one shared cache) and as one that
+salts per key; where no peer is set up, notebook 11 reads RECORDED, written by `python -m minikv.serve.peer_run`."""
 
 import asyncio
 import datetime
@@ -57,9 +51,8 @@ def past_the_window(url: str, served: str) -> dict:
 
 
 def peer_run(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase) -> dict:
-    """The record notebook 11 reads: same text, a prompt past the window, each probe's report (its JSON).
-    `served`: the peer's model name. (The probe's over-length check times prefill: too close to call
-    under load on an engine that prefills a window in 30 ms, so the refusal is read directly.)"""
+    """The record notebook 11 reads (`served`: the peer's model name). The refusal past the window is read directly:
+    the probe's over-length check times prefill, too close to call on an engine that prefills a window in 30 ms."""
     run = {"same_text": same_text(url, served, model, tok), "past_window": past_the_window(url, served)}
     for name, settings in PROBES.items():
         run[name] = probe_endpoint(url, *KEYS, **{**settings, "checks": tuple(settings["checks"])}).to_json()
@@ -70,7 +63,6 @@ def record(path: Path = RECORDED) -> dict:
     """Start vLLM (`peer serve`'s settings), run everything, and write the record with when, what and where."""
     from minikv.model.checkpoint import load_model
     from minikv.serve.peer import PeerServer
-
     versions = installed("vllm")
     assert versions, "vLLM is not set up: python -m minikv peer setup vllm"
     with PeerServer() as peer:

@@ -2,8 +2,6 @@
 `transformers<5.20` (minikv needs `>=5.24`); what it installs and removes, where, and why: docs/peers.md.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import platform

@@ -1,9 +1,5 @@
-"""What a client may send, checked before anything reaches the engine, and the replies and errors sent back. Types
-are checked here (pydantic, strict: `"max_tokens": "7"` is an error, not a 7), values by the engine's own admission:
-the HTTP and the in-process API refuse the same requests with the same words (docs/serve.md).
-"""
-
-from __future__ import annotations
+"""What a client may send, checked (pydantic, strict: `"max_tokens": "7"` is an error, not a 7) before anything
+reaches the engine, whose own admission judges the values; the replies and the errors sent back (docs/serve.md)."""
 
 import re
 from http import HTTPStatus
@@ -83,8 +79,7 @@ def check_model(asked: str, served: str) -> None:
 
 
 def to_request(body: SamplingFields, tenant: str, model: str) -> Request:
-    """The engine's Request, after the checks the engine cannot make (the model, one choice, the stops, what this
-    server does not implement). Values are not judged here: the engine's admission does that."""
+    """The engine's Request, after the checks the engine cannot make (the model, n, the stops, unsupported fields)."""
     check_model(body.model, model)
     if body.n != 1:
         raise APIError(HTTPStatus.BAD_REQUEST, f"n must be 1 (one choice per request), got {body.n}", "invalid_value", "n")

@@ -69,8 +69,8 @@ print(f"prompt tokens prefilled: {computed['off']:,} with caching off, {computed
 
 # %% [markdown]
 # How much faster the whole run gets depends on how much of its time is prefill, and one timing on a
-# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats: about 4x
-# (docs/benchmarks.md).
+# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats: 3x to 4x on
+# a 2-core CPU (docs/benchmarks.md).
 #
 # ## How: a hash chain over full pages
 #

@@ -7,8 +7,6 @@ slots, gathered from the pool in (layer, token) order and copied to the host (SG
 GPU; a transfer over gloo stages the pages through host memory anyway).
 """
 
-from __future__ import annotations
-
 import zlib
 
 import torch

@@ -6,8 +6,6 @@ hands the request to both nodes, as SGLang's router does; the answer comes from 
 with a prefill pool smaller than the window, the configuration the incident ran in.
 """
 
-from __future__ import annotations
-
 import copy
 import itertools
 import time

@@ -11,8 +11,6 @@ Before decoding over pages it never wrote, `verify` runs the checks the switches
 until no write aimed at them is still in the network.
 """
 
-from __future__ import annotations
-
 from http import HTTPStatus
 
 from minikv.disagg.checksum import kv_checksum

@@ -13,8 +13,6 @@ skip the long prefill, **but it still joins the queue**. With `reject_check` off
 single page of KV is transferred as if it were the whole prompt.
 """
 
-from __future__ import annotations
-
 from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase

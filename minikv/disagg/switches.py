@@ -2,8 +2,6 @@
 Where each acts and what it closes: docs/disagg.md.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, fields, replace
 
 

@@ -6,8 +6,6 @@ A worker that dies or stops answering (no heartbeat for STALL_S) takes the pair 
 new request is answered 503 and the survivor is stopped (docs/disagg.md).
 """
 
-from __future__ import annotations
-
 import itertools
 import multiprocessing
 import os

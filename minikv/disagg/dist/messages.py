@@ -7,8 +7,6 @@ The KV itself never travels here: the pages go worker to worker on torch.distrib
     worker -> front door   Ready, Tokens (decode), Ended (decode), Report, WorkerFailed
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from minikv.engine.request import Sequence

@@ -6,8 +6,6 @@ and `build_node` over a `DistKVManager`, as `Cluster` does in one process, then 
 steps the node. It exits when told to, when its parent is gone, or on an error it reports first.
 """
 
-from __future__ import annotations
-
 import os
 import queue
 import signal

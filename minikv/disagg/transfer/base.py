@@ -13,8 +13,6 @@ meanwhile*; an abort stops only batches not yet posted. So a late write can land
 already gave to someone else, and deferred release waits for `settled(room)`.
 """
 
-from __future__ import annotations
-
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import IntEnum

@@ -5,8 +5,6 @@ batch lands `base_latency + pages` ticks of the cluster's clock later, whatever 
 request meanwhile (the notebooks', the fuzzer's and `Cluster`'s backend).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from torch import Tensor

@@ -6,8 +6,6 @@ pages and their writer ledger by `isend`/`irecv` (gloo, which matches by tag). O
 "sent", its writes land whatever happened to the request meanwhile (docs/disagg.md).
 """
 
-from __future__ import annotations
-
 import json
 import threading
 import time

@@ -1,9 +1,6 @@
-"""The front door over the pair: one prefill node, one decode node, one fabric, in this process.
-
-It checks a request's shape and the *advertised* window (a proxy's job), opens a bootstrap room and
-hands the request to both nodes, as SGLang's router does; the answer comes from the decode node.
-`startup_check` compares the window with every node's pool at start; without it the cluster starts
-with a prefill pool smaller than the window, the configuration the incident ran in.
+"""The front door over the pair in this process: it checks a request and the *advertised* window, opens
+a bootstrap room and hands the request to both nodes, as SGLang's router does. `startup_check`
+refuses a pool smaller than the window, the configuration the incident ran in.
 """
 
 import copy
@@ -42,7 +39,6 @@ class StartupRefused(RuntimeError):
 class ClusterConfig:
     """Sizes of the pair. The defaults are the incident scaled by 1/1024 (docs/incident.md); the
     post-fix prefill pool is `ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)` (notebook 06)."""
-
     context_len: int = 1024  # 1,048,576 / 1,024
     page_size: int = 16
     prefill_pages: int = 42  # 42 x 16 = 672 tokens: about 681,280 / 1,024 = 665, in whole pages
@@ -117,12 +113,9 @@ def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySw
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
-    """The prefill or the decode node over its pool (`node_pool`) and its side of any transfer backend:
-    the one place either is built, for `Cluster` and for a worker process of `DistCluster`."""
-    if role == "prefill":
-        return PrefillNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
-                           config.context_len)
-    return DecodeNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s workers."""
+    parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+    return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
 
 
 def transfer_cap(config: ClusterConfig, switches: SafetySwitches) -> int | None:
@@ -165,7 +158,6 @@ class Cluster(FrontDoor):
         return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
                 "cross_tenant_reads": self.cross_tenant_reads}
 
-    # -- requests in ---------------------------------------------------------------------------
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
         keeps its own copy, as separate servers do. The decode copy is the one the client follows."""
@@ -188,7 +180,6 @@ class Cluster(FrontDoor):
         if any([node.cancel(seq.request_id) for node in (self.prefill, self.decode)]):
             self._event("cancel", seq.request_id, seq.tenant, "client cancelled")
 
-    # -- the clock -----------------------------------------------------------------------------
     def has_work(self) -> bool:
         """A request is held, or pages are still held or on the wire (a cancelled request's)."""
         return super().has_work() or bool(self.prefill.live() or self.decode.live() or self.manager.posted)
@@ -201,7 +192,6 @@ class Cluster(FrontDoor):
         self.clock.advance()
         return self.decode.take_finished()
 
-    # -- what the fuzzer checks ------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Both nodes' pools are consistent and every page owner is a request its node holds."""
         self.prefill.check_integrity()

@@ -18,7 +18,6 @@ from minikv.model.llama import Llama
 
 class Node:
     """One worker of the pair: its name, pool, audit, scheduler, runner, and transfer endpoints."""
-
     name = "node"
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,

@@ -1,9 +1,6 @@
-"""The KV transfer across a process boundary, on torch.distributed: the second backend (base.py).
-
-`DistKVManager` is one process's half: prefill holds the source pool and the sender side, decode the
-destination pool and the receiver side. A room's bootstrap goes through a TCPStore (`Bootstrap`), its
-pages and their writer ledger by `isend`/`irecv` (gloo, which matches by tag). Once the sender has won
-"sent", its writes land whatever happened to the request meanwhile (docs/disagg.md).
+"""The KV transfer across a process boundary, on torch.distributed: each process holds its half.
+A room's bootstrap goes through a TCPStore (`Bootstrap`), its pages and writer ledger by
+`isend`/`irecv` over gloo, which matches by tag (the store's keys: docs/disagg.md).
 """
 
 import json
@@ -55,7 +52,6 @@ class Bootstrap:
 @dataclass
 class WireBatch:
     """One batch on the wire: its pages here, its K/V (L, 2, n, page, KVH, D) and ledger (2, n * page)."""
-
     room: int
     index: int  # its place in the room's batches, which its tags are made of
     pages: list[int]
@@ -169,7 +165,7 @@ class DistKVManager(KVTransfer):
 
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         assert self.side == "receiver"
-        self.rooms[room].dst_pages = list(dst_pages)
+        super().send_metadata(room, dst_pages)
         self.bootstrap.set(room, "dst", list(dst_pages))
 
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:

@@ -140,9 +140,9 @@ class Cluster(FrontDoor):
         self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, log,
                                  self.clock, config.transfer_base_latency, config.transfer_pages_per_tick,
                                  config.transfer_timeout_ticks, transfer_cap(config, switches))
-        self.prefill, self.decode = (
-            build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
-            for role, m, (pool, audit) in zip(ROLES, models, pools))
+        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
+                           for role, m, (pool, audit) in zip(ROLES, models, pools))
+        self.prefill, self.decode = self.nodes
         self._rooms = itertools.count(1)
 
     @property
@@ -151,11 +151,10 @@ class Cluster(FrontDoor):
         return self.clock.now
 
     def startup_log(self) -> list[str]:
-        pools = (self.prefill_pool, self.decode_pool)
-        return [pool_line(role, pool, self.config.context_len) for role, pool in zip(ROLES, pools)]
+        return [pool_line(node.name, node.pool, self.config.context_len) for node in self.nodes]
 
     def health(self) -> dict:
-        return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
+        return {"pools": {node.name: node.pool.occupancy() for node in self.nodes},
                 "cross_tenant_reads": self.cross_tenant_reads}
 
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
@@ -167,9 +166,8 @@ class Cluster(FrontDoor):
         if self.config.prefix_caching:
             seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
                                                self.switches.cache_salt)
-        for audit in (self.prefill_audit, self.decode_audit):
-            if audit is not None:
-                audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        for audit in (node.audit for node in self.nodes if node.audit is not None):
+            audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         self.prefill.add(seq)
         self.decode.add(decode_half)
@@ -177,7 +175,7 @@ class Cluster(FrontDoor):
 
     def _cancel(self, seq: Sequence) -> None:
         """Both nodes see finished() at their next gate and retire it."""
-        if any([node.cancel(seq.request_id) for node in (self.prefill, self.decode)]):
+        if any([node.cancel(seq.request_id) for node in self.nodes]):
             self._event("cancel", seq.request_id, seq.tenant, "client cancelled")
 
     def has_work(self) -> bool:
@@ -186,20 +184,20 @@ class Cluster(FrontDoor):
 
     def _advance(self) -> list[Finished]:
         """One tick: prefill node, decode node, then the fabric lands what is due."""
-        self.prefill.step()
-        self.decode.step()
+        for node in self.nodes:
+            node.step()
         self.manager.land_due()
         self.clock.advance()
         return self.decode.take_finished()
 
     def check_integrity(self) -> None:
         """Both nodes' pools are consistent and every page owner is a request its node holds."""
-        self.prefill.check_integrity()
-        self.decode.check_integrity()
+        for node in self.nodes:
+            node.check_integrity()
 
     @property
     def cross_tenant_reads(self) -> int:
-        return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)
+        return sum(node.audit.cross_tenant_reads for node in self.nodes if node.audit is not None)
 
     @property
     def cross_tenant_cache_hits(self) -> int:
@@ -209,7 +207,7 @@ class Cluster(FrontDoor):
 
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        return sum(1 for pool in (self.prefill_pool, self.decode_pool) for h in pool.holders if h)
+        return sum(1 for node in self.nodes for h in node.pool.holders if h)
 
     def kv_in_flight(self, request_id: str) -> bool:
         """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""

@@ -132,8 +132,8 @@ class DistKVManager(KVTransfer):
 
     def _refresh(self, t: Transfer) -> None:
         """Read the bootstrap store: an abort the other side decided, and (sender) the advertised pages."""
-        if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring):
-            self._read_peer_abort(t)
+        if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring) and (info := self.bootstrap.get(t.room, "abort")):
+            t.fail(info["reason"], info["status"])
         if self.side == "sender" and t.status is KVPoll.Bootstrapping and t.dst_pages is None:
             t.dst_pages = self.bootstrap.get(t.room, "dst")
         self._check_timeout(t)
@@ -144,12 +144,6 @@ class DistKVManager(KVTransfer):
             return
         if time.monotonic() - t.last_progress > self.timeout_s:
             self.abort(t.room, f"KV transfer timed out: no progress for {self.timeout_s:g} s")
-
-    def _read_peer_abort(self, t: Transfer) -> None:
-        """An abort the other side decided fails the room here too."""
-        info = self.bootstrap.get(t.room, "abort")
-        if info is not None:
-            t.fail(info["reason"], info["status"])
 
     def settled(self, room: int, advance: bool = True) -> bool:
         """No write of this room is in the network: nothing announced is left to land here
@@ -175,7 +169,7 @@ class DistKVManager(KVTransfer):
         batches = self.batches(t, src_pages)
         t.shipment = shipment
         if not self.bootstrap.claim(room, SENT):  # the receiver aborted first: nothing is posted
-            self._read_peer_abort(t)
+            self._refresh(t)  # and its abort fails the room here
             return
         state = None if shipment.sampler_state is None else shipment.sampler_state.tolist()  # JSON: a list of bytes
         sizes = [len(src) for src, _ in batches]

@@ -1,13 +1,6 @@
-"""Adler-32 over a request's KV, checked against its definition.
-
-SGLang's `--disaggregation-enable-kv-checksum` has prefill compute an Adler-32 over the KV pages
-it sends and decode recompute it over what arrived. Adler-32 (RFC 1950) is two running sums mod
-65521: A = 1 + sum(bytes), B = sum of every prefix A. Here zlib computes it over the request's
-slots, gathered from the pool in (layer, token) order and copied to the host (SGLang sums on the
-GPU; a transfer over gloo stages the pages through host memory anyway).
+"""Adler-32 over a request's KV, as SGLang's `--disaggregation-enable-kv-checksum`: prefill sums what
+it sends, decode what arrived (zlib over the gathered slots; the definition: docs/disagg.md).
 """
-
-from __future__ import annotations
 
 import zlib
 

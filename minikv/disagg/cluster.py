@@ -1,12 +1,7 @@
-"""The front door over the pair: one prefill node, one decode node, one fabric, in this process.
-
-It checks a request's shape and the *advertised* window (a proxy's job), opens a bootstrap room and
-hands the request to both nodes, as SGLang's router does; the answer comes from the decode node.
-`startup_check` compares the window with every node's pool at start; without it the cluster starts
-with a prefill pool smaller than the window, the configuration the incident ran in.
+"""The front door over the pair in this process: it checks a request and the *advertised* window, opens
+a bootstrap room and hands the request to both nodes, as SGLang's router does. `startup_check`
+refuses a pool smaller than the window, the configuration the incident ran in.
 """
-
-from __future__ import annotations
 
 import copy
 import itertools
@@ -44,7 +39,6 @@ class StartupRefused(RuntimeError):
 class ClusterConfig:
     """Sizes of the pair. The defaults are the incident scaled by 1/1024 (docs/incident.md); the
     post-fix prefill pool is `ClusterConfig(prefill_pages=POST_FIX_PREFILL_PAGES)` (notebook 06)."""
-
     context_len: int = 1024  # 1,048,576 / 1,024
     page_size: int = 16
     prefill_pages: int = 42  # 42 x 16 = 672 tokens: about 681,280 / 1,024 = 665, in whole pages
@@ -119,12 +113,9 @@ def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySw
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
-    """The prefill or the decode node over its pool (`node_pool`) and its side of any transfer backend:
-    the one place either is built, for `Cluster` and for a worker process of `DistCluster`."""
-    if role == "prefill":
-        return PrefillNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
-                           config.context_len)
-    return DecodeNode(model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s workers."""
+    parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+    return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
 
 
 def transfer_cap(config: ClusterConfig, switches: SafetySwitches) -> int | None:
@@ -149,9 +140,9 @@ class Cluster(FrontDoor):
         self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, log,
                                  self.clock, config.transfer_base_latency, config.transfer_pages_per_tick,
                                  config.transfer_timeout_ticks, transfer_cap(config, switches))
-        self.prefill, self.decode = (
-            build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
-            for role, m, (pool, audit) in zip(ROLES, models, pools))
+        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
+                           for role, m, (pool, audit) in zip(ROLES, models, pools))
+        self.prefill, self.decode = self.nodes
         self._rooms = itertools.count(1)
 
     @property
@@ -160,14 +151,12 @@ class Cluster(FrontDoor):
         return self.clock.now
 
     def startup_log(self) -> list[str]:
-        pools = (self.prefill_pool, self.decode_pool)
-        return [pool_line(role, pool, self.config.context_len) for role, pool in zip(ROLES, pools)]
+        return [pool_line(node.name, node.pool, self.config.context_len) for node in self.nodes]
 
     def health(self) -> dict:
-        return {"pools": {"prefill": self.prefill_pool.occupancy(), "decode": self.decode_pool.occupancy()},
+        return {"pools": {node.name: node.pool.occupancy() for node in self.nodes},
                 "cross_tenant_reads": self.cross_tenant_reads}
 
-    # -- requests in ---------------------------------------------------------------------------
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
         keeps its own copy, as separate servers do. The decode copy is the one the client follows."""
@@ -177,9 +166,8 @@ class Cluster(FrontDoor):
         if self.config.prefix_caching:
             seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
                                                self.switches.cache_salt)
-        for audit in (self.prefill_audit, self.decode_audit):
-            if audit is not None:
-                audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        for audit in (node.audit for node in self.nodes if node.audit is not None):
+            audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         self.prefill.add(seq)
         self.decode.add(decode_half)
@@ -187,31 +175,29 @@ class Cluster(FrontDoor):
 
     def _cancel(self, seq: Sequence) -> None:
         """Both nodes see finished() at their next gate and retire it."""
-        if any([node.cancel(seq.request_id) for node in (self.prefill, self.decode)]):
+        if any([node.cancel(seq.request_id) for node in self.nodes]):
             self._event("cancel", seq.request_id, seq.tenant, "client cancelled")
 
-    # -- the clock -----------------------------------------------------------------------------
     def has_work(self) -> bool:
         """A request is held, or pages are still held or on the wire (a cancelled request's)."""
         return super().has_work() or bool(self.prefill.live() or self.decode.live() or self.manager.posted)
 
     def _advance(self) -> list[Finished]:
         """One tick: prefill node, decode node, then the fabric lands what is due."""
-        self.prefill.step()
-        self.decode.step()
+        for node in self.nodes:
+            node.step()
         self.manager.land_due()
         self.clock.advance()
         return self.decode.take_finished()
 
-    # -- what the fuzzer checks ------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Both nodes' pools are consistent and every page owner is a request its node holds."""
-        self.prefill.check_integrity()
-        self.decode.check_integrity()
+        for node in self.nodes:
+            node.check_integrity()
 
     @property
     def cross_tenant_reads(self) -> int:
-        return sum(a.cross_tenant_reads for a in (self.prefill_audit, self.decode_audit) if a is not None)
+        return sum(node.audit.cross_tenant_reads for node in self.nodes if node.audit is not None)
 
     @property
     def cross_tenant_cache_hits(self) -> int:
@@ -221,7 +207,7 @@ class Cluster(FrontDoor):
 
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        return sum(1 for pool in (self.prefill_pool, self.decode_pool) for h in pool.holders if h)
+        return sum(1 for node in self.nodes for h in node.pool.holders if h)
 
     def kv_in_flight(self, request_id: str) -> bool:
         """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""

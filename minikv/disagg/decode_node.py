@@ -1,17 +1,8 @@
 """The decode node: reserves pages, receives a prompt's KV, and generates the reply.
 
-Queues, as in SGLang's decode side:
-    prealloc   a KVReceiver per request; the node **preallocates KV for the original input
-               length plus the output** and advertises those pages to prefill (send_metadata).
-    transfer   polled until the KV has arrived (Success) or the transfer failed.
-    running    the scheduler's running batch: one token per step for every request, no prefill.
-
-Before decoding over pages it never wrote, `verify` runs the checks the switches ask for
-(`kv_checksum`, `kv_canary`: docs/disagg.md); `deferred_release` holds an aborted request's pages
-until no write aimed at them is still in the network.
+Its queues are prealloc, transfer and running, as in SGLang; `verify` checks KV it did not compute
+before decoding over it, and `deferred_release` waits out writes still in flight (docs/disagg.md).
 """
-
-from __future__ import annotations
 
 from http import HTTPStatus
 
@@ -26,7 +17,6 @@ CANARY = -1234.5  # a value no real key or value will hold
 
 class DecodeNode(Node):
     """One decode worker with its own pool."""
-
     name = "decode"
 
     def __init__(self, *args, **kwargs) -> None:
@@ -63,7 +53,6 @@ class DecodeNode(Node):
             return HTTPStatus.BAD_REQUEST, seq.to_finish
         return None
 
-    # -- one step ----------------------------------------------------------------------------
     def step(self) -> None:
         """One tick. The running batch decodes first; requests whose KV arrived join it on the
         next tick (the batch is formed when the step starts)."""
@@ -75,7 +64,7 @@ class DecodeNode(Node):
     def _prealloc(self) -> None:
         for seq in list(self.prealloc_queue):
             receiver = self.endpoints[seq.room]
-            retire = self.gate(seq) or self._failure(receiver, receiver.poll())
+            retire = self.gate(seq) or receiver.failure()
             if retire:
                 self.prealloc_queue.remove(seq)
                 self._abort(seq, *retire)
@@ -93,22 +82,14 @@ class DecodeNode(Node):
             self.transfer_queue.append(seq)
             self._stage(seq, "transfer")
 
-    @staticmethod
-    def _failure(receiver: KVReceiver, state: KVPoll) -> tuple[int, str] | None:
-        """(status, reason) of a failed transfer; None while it has not failed."""
-        if state is not KVPoll.Failed:
-            return None
-        return receiver.transfer.failure_status, receiver.transfer.failure
-
     def _poll_transfers(self) -> None:
         for seq in list(self.transfer_queue):
             receiver = self.endpoints[seq.room]
-            state = receiver.poll()
-            retire = self.gate(seq) or self._failure(receiver, state)
+            retire = self.gate(seq) or receiver.failure()
             if retire:
                 self.transfer_queue.remove(seq)
                 self._abort(seq, *retire)
-            elif state is KVPoll.Success:
+            elif receiver.poll() is KVPoll.Success:
                 self.transfer_queue.remove(seq)
                 problem = self.verify(seq, receiver)
                 if problem:
@@ -155,7 +136,6 @@ class DecodeNode(Node):
         sampled = self.runner.run(self.clock.now, "decode", batch.seqs, batch.new_tokens)
         self._end(self.scheduler.postprocess(batch.seqs, sampled, [1] * len(batch.seqs)))
 
-    # -- leaving ------------------------------------------------------------------------------
     def _end(self, ended: list[Finished]) -> None:
         """What the scheduler's postprocess says ended: a 200 leaves at once, a failure is aborted."""
         for f in ended:

@@ -3,8 +3,6 @@ waiting or running batch, a `ModelRunner`, and its end of the KV transfer (trans
 cluster.build_node makes either one, for `Cluster` and for a worker process of `DistCluster` alike.
 """
 
-from __future__ import annotations
-
 from transformers import PreTrainedTokenizerBase
 
 from minikv.disagg.switches import SafetySwitches
@@ -20,7 +18,6 @@ from minikv.model.llama import Llama
 
 class Node:
     """One worker of the pair: its name, pool, audit, scheduler, runner, and transfer endpoints."""
-
     name = "node"
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,

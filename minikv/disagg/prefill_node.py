@@ -1,46 +1,25 @@
 """The prefill node: computes a prompt's KV and first token, and ships them to decode.
 
-Queues, as in SGLang's prefill side:
-    bootstrap  checked against the pool, a KVSender, waiting for decode to advertise its pages;
-               then the transfer is sized from the request's *own* input length.
-    waiting    the scheduler's waiting queue: the prefill forward (with its prefix cache).
-    inflight   the KV is on the wire; polled until Success, then the pages are freed.
-
-The intake check is faithful to the real engine: an input longer than `min(context_len - 1,
-pool_tokens - 1)` is marked for abort (400) in `to_finish` and its ids are replaced by `[0]` to
-skip the long prefill, **but it still joins the queue**. With `reject_check` off the gates ask only
-`finished()`, which does not read `to_finish`, so the one-token placeholder is prefilled and its
-single page of KV is transferred as if it were the whole prompt.
+Its queues are bootstrap, waiting and inflight, as in SGLang. An input too long for the pool is
+marked for abort and swapped for a placeholder, but still joins the queue (docs/disagg.md).
 """
-
-from __future__ import annotations
 
 from http import HTTPStatus
 
-from transformers import PreTrainedTokenizerBase
-
 from minikv.disagg.checksum import kv_checksum
 from minikv.disagg.node import Node
-from minikv.disagg.switches import SafetySwitches
-from minikv.disagg.transfer.base import KVPoll, KVSender, KVTransfer, Shipment
-from minikv.engine.audit import OwnershipAudit
-from minikv.engine.events import Clock, EventLog
-from minikv.engine.page_pool import PagePool
+from minikv.disagg.transfer.base import KVPoll, KVSender, Shipment
 from minikv.engine.request import Sequence
-from minikv.model.llama import Llama
 
 PLACEHOLDER_IDS = [0]  # "to skip the long prefill": token 0, which here is "\n"
 
 
 class PrefillNode(Node):
     """One prefill worker with its own pool."""
-
     name = "prefill"
 
-    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
-                 log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches, max_prefill_tokens: int,
-                 context_len: int) -> None:
-        super().__init__(model, tokenizer, pool, audit, log, clock, manager, switches, max_prefill_tokens)
+    def __init__(self, *args, context_len: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.context_len = context_len
         self.bootstrap_queue: list[Sequence] = []
         self.inflight_queue: list[Sequence] = []
@@ -52,7 +31,6 @@ class PrefillNode(Node):
     def queues(self) -> tuple[list[Sequence], ...]:
         return self.bootstrap_queue, self.scheduler.waiting, self.scheduler.running, self.inflight_queue
 
-    # -- intake ------------------------------------------------------------------------------
     def check_intake(self, seq: Sequence) -> None:
         """Validate the input length; on failure mark for abort and swap in the placeholder."""
         if len(seq.prompt_ids) > self.max_input_len:
@@ -83,7 +61,6 @@ class PrefillNode(Node):
             return False
         return True
 
-    # -- one step ----------------------------------------------------------------------------
     def step(self) -> None:
         self._bootstrap()
         self._prefill()
@@ -106,8 +83,7 @@ class PrefillNode(Node):
                 self._stage(seq, "waiting")
 
     def _prefill(self) -> None:
-        """The scheduler admits what fits (capacity is checked on the possibly swapped input: the
-        stub always fits); each prompt's KV and first token are then shipped."""
+        """The scheduler admits what fits (the swapped-in stub always does); then KV and first token ship."""
         batch = self.scheduler.schedule_prefill(self.gate)
         if batch is None:
             return

@@ -2,15 +2,12 @@
 Where each acts and what it closes: docs/disagg.md.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, fields, replace
 
 
 @dataclass(frozen=True)
 class SafetySwitches:
     """Which mitigations are on. The default is the safe preset."""
-
     reject_check: bool = True  # the queue gates of both nodes also retire what intake marked for abort
     startup_check: bool = True  # the cluster refuses to start with a pool smaller than the context window
     kv_checksum: bool = True  # decode verifies the token count and Adler-32 of the KV that arrived

@@ -1,12 +1,7 @@
-"""The front door across processes: the pair's nodes in two worker processes (worker.py).
-
-`DistCluster` is a `FrontDoor` like `Engine` and `Cluster`; it hands each checked request to both
-workers as typed messages (messages.py), and the KV moves between the workers, never through here.
-A worker that dies or stops answering (no heartbeat for STALL_S) takes the pair down: every live and
-new request is answered 503 and the survivor is stopped (docs/disagg.md).
+"""The front door across processes: the pair's nodes in two worker processes (worker.py), fed typed
+messages; the KV moves between the workers, never through here. A worker that dies or stops
+answering takes the pair down: every live and new request is answered 503 (docs/disagg.md).
 """
-
-from __future__ import annotations
 
 import itertools
 import multiprocessing
@@ -104,7 +99,6 @@ class DistCluster(FrontDoor):
         """Each worker's startup line: its pool next to the context window, its pid and device."""
         return list(self._startup)
 
-    # -- requests in ---------------------------------------------------------------------------
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
         room = next(self._rooms)
@@ -130,7 +124,6 @@ class DistCluster(FrontDoor):
         """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late write)."""
         return any(request_id in report.get("kv_in_flight", ()) for report in self.reports.values())
 
-    # -- the clock -----------------------------------------------------------------------------
     def _advance(self) -> list[Finished]:
         """Take the workers' news, waiting up to STEP_WAIT_S for the first."""
         self._take_news(STEP_WAIT_S)
@@ -138,8 +131,7 @@ class DistCluster(FrontDoor):
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers have sent (waiting up to `wait_s` for the first), then
-        check that both still live."""
+        """Handle every message the workers sent (waiting up to `wait_s` for the first); then check both live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
@@ -160,7 +152,6 @@ class DistCluster(FrontDoor):
         elif isinstance(message, WorkerFailed):
             self._fail(f"the {ROLES[message.rank]} worker failed: {message.text.splitlines()[0]}")
 
-    # -- failure -------------------------------------------------------------------------------
     def _watch_workers(self) -> None:
         """A worker that exited, or one silent for STALL_S (stopped, hung), takes the pair down."""
         if self.failure is not None or self.stopping:
@@ -182,7 +173,6 @@ class DistCluster(FrontDoor):
                         for seq in self.seqs.values() if seq.request_id not in ended]
         stop_workers(self.workers, self._commands, self._news)
 
-    # -- what the server reports -----------------------------------------------------------------
     def health(self) -> dict:
         """Pools and audit as the workers last reported them (news taken first: an idle server no
         longer steps, and pages are freed after the last answer), and whether each worker lives."""

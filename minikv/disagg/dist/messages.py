@@ -1,13 +1,7 @@
-"""What the front door and the two worker processes tell each other (pickled over multiprocessing queues).
-
-The KV itself never travels here: the pages go worker to worker on torch.distributed
-(transfer/torch_dist.py). Here only the control plane, one typed message per kind:
-
-    front door -> worker   Admit, Cancel, Stop
-    worker -> front door   Ready, Tokens (decode), Ended (decode), Report, WorkerFailed
+"""What the front door and the two workers tell each other over multiprocessing queues: the control
+plane only (the KV goes worker to worker). In: Admit, Cancel, Stop; out: Ready, Tokens, Ended,
+Report, WorkerFailed.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -17,7 +11,6 @@ from minikv.engine.request import Sequence
 @dataclass(frozen=True)
 class Admit:
     """A request the front door checked: the worker's own copy of its Sequence (room and uid included)."""
-
     seq: Sequence
 
 

@@ -1,12 +1,7 @@
-"""One worker process of the distributed pair: a node, stepped whenever it has work, driven by messages.
-
-Rank 0 is the prefill worker, rank 1 the decode worker. Each loads its own model copy on its own
-device, joins the process group through the bootstrap `TCPStore`, builds its node with `node_pool`
-and `build_node` over a `DistKVManager`, as `Cluster` does in one process, then takes messages and
-steps the node. It exits when told to, when its parent is gone, or on an error it reports first.
+"""One worker process of the distributed pair (rank 0 prefill, rank 1 decode): its own model, a
+process group joined through the bootstrap TCPStore, a node built by `build_node` over a
+`DistKVManager`; it steps the node and exits when told to, when its parent is gone, or on an error.
 """
-
-from __future__ import annotations
 
 import os
 import queue
@@ -39,7 +34,6 @@ BACKEND = "gloo"  # on GPUs too (pages staged through host memory): NCCL ignores
 @dataclass(frozen=True)
 class WorkerSpec:
     """How both workers are set up: where they meet, what they load, and the pair's configuration."""
-
     port: int  # the bootstrap TCPStore, served by the prefill worker on 127.0.0.1
     model_dir: str | None
     devices: tuple[str, str]  # (prefill, decode)
@@ -91,8 +85,7 @@ def report(node: Node, manager: DistKVManager) -> dict:
 
 
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone; report after every
-    change, and at least every HEARTBEAT_S."""
+    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or change."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
     last, reported = report(node, manager), time.monotonic()  # what worker_main reported
     while os.getppid() == parent_pid:

@@ -1,19 +1,7 @@
-"""One KV-transfer protocol, two backends (docs/disagg.md): the room's record, what both backends
-share, and the endpoints the nodes hold. A room (one per request) pairs a `KVSender` on the prefill
-node with a `KVReceiver` on the decode node, through SGLang's poll states:
-
-    open_room(...)                  Bootstrapping   (the request's room is registered)
-    receiver.send_metadata(pages)   WaitingForInput (decode advertises where the KV must go)
-    sender.init(num_pages)          the sender sizes the transfer from *its own* input length
-    sender.send(src_pages, ...)     Transferring    (page writes posted to the fabric)
-    poll()                          Success, or Failed (aborted, timed out)
-
-A posted batch is a DMA already in the network: it lands *whatever happens to the request
-meanwhile*; an abort stops only batches not yet posted. So a late write can land in pages decode
-already gave to someone else, and deferred release waits for `settled(room)`.
+"""One KV-transfer protocol, two backends: the room's record, what both backends share, and the
+`KVSender` / `KVReceiver` endpoints the nodes hold, through SGLang's poll states. A posted batch
+lands whatever happens to the request meanwhile (the protocol step by step: docs/disagg.md).
 """
-
-from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -29,7 +17,6 @@ from minikv.engine.page_pool import PagePool
 
 class KVPoll(IntEnum):
     """Transfer states, named and numbered as in SGLang's disaggregation base module."""
-
     Failed = 0
     Bootstrapping = 1
     WaitingForInput = 2
@@ -40,7 +27,6 @@ class KVPoll(IntEnum):
 @dataclass(frozen=True)
 class Shipment:
     """What the sender says it sent, fixed when it sends: the receiver checks against it."""
-
     num_tokens: int  # tokens whose KV the sender holds (its own input length)
     first_token: int  # the token prefill sampled from the prompt's last position
     checksum: int | None  # Adler-32 of that KV, when kv_checksum is on
@@ -50,9 +36,7 @@ class Shipment:
 
 @dataclass
 class Transfer:
-    """One room's record, written by its backend: the receiver supplies `dst_pages`
-    (send_metadata), the sender `num_pages` (init) and `shipment` (send)."""
-
+    """A room's record, written by its backend: the receiver's `dst_pages`, the sender's `num_pages` and `shipment`."""
     room: int
     request_id: str
     tenant: str
@@ -106,9 +90,9 @@ class KVTransfer(ABC):
         self.audits = [a for a in audits if a is not None]
         self.rooms: dict[int, Transfer] = {}  # the rooms this side still holds
 
-    @abstractmethod
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         """The receiver advertises where the KV must land."""
+        self.rooms[room].dst_pages = list(dst_pages)
 
     @abstractmethod
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
@@ -139,10 +123,6 @@ class KVTransfer(ABC):
         self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
         return self.rooms[room]
 
-    def init_sender(self, room: int, num_pages: int) -> None:
-        """The sender sizes the transfer: pages of its *own* input."""
-        self.rooms[room].num_pages = num_pages
-
     def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:
         """A send's (source, destination) page batches: the sender's `num_pages`, cut at batch_cap_pages."""
         assert t.dst_pages is not None and t.num_pages is not None, "send() before the receiver's metadata"
@@ -160,8 +140,7 @@ class KVTransfer(ABC):
         self._drop_if_done(room)
 
     def _drop_if_done(self, room: int) -> None:
-        """Forget the room once every side here is closed and nothing of it is in flight; its request's
-        name then leaves the audit ledgers."""
+        """Forget the room once every side here is closed and nothing is in flight; its uid leaves the audits."""
         t = self.rooms[room]
         if not t.open_sides and not t.in_flight:
             del self.rooms[room]
@@ -171,7 +150,6 @@ class KVTransfer(ABC):
 
 class KVEndpoint:
     """One side of a room. Both sides poll the same way; a closed side remembers how it ended."""
-
     side = "endpoint"
 
     def __init__(self, manager: KVTransfer, room: int) -> None:
@@ -183,8 +161,11 @@ class KVEndpoint:
 
     @property
     def transfer(self) -> Transfer:
-        """The room's record, read-only for endpoints."""
         return self.manager.rooms[self.room]
+
+    def failure(self) -> tuple[int, str] | None:
+        """(status, reason) once the transfer failed; None while it has not."""
+        return (self.transfer.failure_status, self.transfer.failure) if self.poll() is KVPoll.Failed else None
 
     def abort(self, reason: str, status: int) -> None:
         self.manager.abort(self.room, reason, status)
@@ -198,11 +179,11 @@ class KVEndpoint:
 
 class KVSender(KVEndpoint):
     """The prefill side of one room."""
-
     side = "sender"
 
     def init(self, num_pages: int) -> None:
-        self.manager.init_sender(self.room, num_pages)
+        """Size the transfer: the pages of the sender's *own* input."""
+        self.transfer.num_pages = num_pages
 
     def send(self, kv_pages: list[int], shipment: Shipment) -> None:
         self.manager.send(self.room, kv_pages, shipment)
@@ -210,7 +191,6 @@ class KVSender(KVEndpoint):
 
 class KVReceiver(KVEndpoint):
     """The decode side of one room."""
-
     side = "receiver"
 
     def send_metadata(self, kv_pages: list[int]) -> None:

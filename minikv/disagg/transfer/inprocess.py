@@ -1,11 +1,6 @@
-"""The in-process backend of the KV transfer (base.py): a fabric behaving like RDMA, on one clock.
-
-`KVManager` is the bootstrap server and the fabric at once: it holds both pools, and a posted
-batch lands `base_latency + pages` ticks of the cluster's clock later, whatever happens to the
-request meanwhile (the notebooks', the fuzzer's and `Cluster`'s backend).
+"""The in-process backend (base.py): `KVManager` is the bootstrap server and the fabric at once,
+holding both pools; a posted batch lands `base_latency + pages` ticks of the cluster's clock later.
 """
-
-from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -20,7 +15,6 @@ from minikv.engine.page_pool import PagePool
 @dataclass
 class PostedBatch:
     """Pages in flight: a snapshot of the source K/V and ledger, landing at `due_tick`."""
-
     room: int
     dst_pages: list[int]
     kv: Tensor  # (L, 2, n, page, KVH, D) read from the prefill pool when posted
@@ -29,8 +23,7 @@ class PostedBatch:
 
 
 class KVManager(KVTransfer):
-    """The bootstrap server and the fabric: both pools, the rooms, the posted batches, and the
-    cluster's clock they land by."""
+    """The bootstrap server and the fabric: both pools, the rooms, the posted batches, on the cluster's clock."""
 
     def __init__(self, src: PagePool, dst: PagePool, src_audit: OwnershipAudit | None,
                  dst_audit: OwnershipAudit | None, log: EventLog, clock: Clock, base_latency: int = 1,
@@ -40,9 +33,6 @@ class KVManager(KVTransfer):
         self.clock, self.timeout_ticks = clock, timeout_ticks
         self.base_latency, self.pages_per_tick = base_latency, pages_per_tick
         self.posted: list[PostedBatch] = []
-
-    def send_metadata(self, room: int, dst_pages: list[int]) -> None:
-        self.rooms[room].dst_pages = list(dst_pages)
 
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
         t = self.rooms[room]
@@ -64,7 +54,6 @@ class KVManager(KVTransfer):
         self.log.add(Event(self.clock.now, "fabric", "post", t.request_id, t.tenant, tuple(dst_pages),
                            f"{len(src_pages)} page(s) posted, lands at tick {batch.due_tick}"))
 
-    # -- the clock --------------------------------------------------------------------------
     def land_due(self) -> None:
         """End of a tick: land every batch due by now (in posting order), then check timeouts."""
         due = [b for b in self.posted if b.due_tick <= self.clock.now]

@@ -1,12 +1,7 @@
-"""The KV transfer across a process boundary, on torch.distributed: the second backend (base.py).
-
-`DistKVManager` is one process's half: prefill holds the source pool and the sender side, decode the
-destination pool and the receiver side. A room's bootstrap goes through a TCPStore (`Bootstrap`), its
-pages and their writer ledger by `isend`/`irecv` (gloo, which matches by tag). Once the sender has won
-"sent", its writes land whatever happened to the request meanwhile (docs/disagg.md).
+"""The KV transfer across a process boundary, on torch.distributed: each process holds its half.
+A room's bootstrap goes through a TCPStore (`Bootstrap`), its pages and writer ledger by
+`isend`/`irecv` over gloo, which matches by tag (the store's keys: docs/disagg.md).
 """
-
-from __future__ import annotations
 
 import json
 import threading
@@ -57,7 +52,6 @@ class Bootstrap:
 @dataclass
 class WireBatch:
     """One batch on the wire: its pages here, its K/V (L, 2, n, page, KVH, D) and ledger (2, n * page)."""
-
     room: int
     index: int  # its place in the room's batches, which its tags are made of
     pages: list[int]
@@ -138,8 +132,8 @@ class DistKVManager(KVTransfer):
 
     def _refresh(self, t: Transfer) -> None:
         """Read the bootstrap store: an abort the other side decided, and (sender) the advertised pages."""
-        if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring):
-            self._read_peer_abort(t)
+        if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring) and (info := self.bootstrap.get(t.room, "abort")):
+            t.fail(info["reason"], info["status"])
         if self.side == "sender" and t.status is KVPoll.Bootstrapping and t.dst_pages is None:
             t.dst_pages = self.bootstrap.get(t.room, "dst")
         self._check_timeout(t)
@@ -150,12 +144,6 @@ class DistKVManager(KVTransfer):
             return
         if time.monotonic() - t.last_progress > self.timeout_s:
             self.abort(t.room, f"KV transfer timed out: no progress for {self.timeout_s:g} s")
-
-    def _read_peer_abort(self, t: Transfer) -> None:
-        """An abort the other side decided fails the room here too."""
-        info = self.bootstrap.get(t.room, "abort")
-        if info is not None:
-            t.fail(info["reason"], info["status"])
 
     def settled(self, room: int, advance: bool = True) -> bool:
         """No write of this room is in the network: nothing announced is left to land here
@@ -171,7 +159,7 @@ class DistKVManager(KVTransfer):
 
     def send_metadata(self, room: int, dst_pages: list[int]) -> None:
         assert self.side == "receiver"
-        self.rooms[room].dst_pages = list(dst_pages)
+        super().send_metadata(room, dst_pages)
         self.bootstrap.set(room, "dst", list(dst_pages))
 
     def send(self, room: int, src_pages: list[int], shipment: Shipment) -> None:
@@ -181,7 +169,7 @@ class DistKVManager(KVTransfer):
         batches = self.batches(t, src_pages)
         t.shipment = shipment
         if not self.bootstrap.claim(room, SENT):  # the receiver aborted first: nothing is posted
-            self._read_peer_abort(t)
+            self._refresh(t)  # and its abort fails the room here
             return
         state = None if shipment.sampler_state is None else shipment.sampler_state.tolist()  # JSON: a list of bytes
         sizes = [len(src) for src, _ in batches]

@@ -269,11 +269,11 @@ plt.tight_layout(); plt.show()
 # correction** divides the allowed false-alarm chance by the number of tests. No verdict after 48 cycles
 # means *no hit*: the attack stops rather than guess.
 #
-# The result answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 3-digit PIN
-# (11 guesses a round: the 10 digits and the note's `.`):
+# The result answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 2-digit PIN
+# (11 guesses a round: the 10 digits and the note's `.`; each digit more adds a round like these):
 
 # %%
-PIN = "507"
+PIN = "57"
 stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
 ledger = TimingLedger()
 timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger, max_cycles=48)

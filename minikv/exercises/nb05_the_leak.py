@@ -1,11 +1,12 @@
 """Checkers for notebook 05 (the leak)."""
 
+import functools
 import random
 from typing import Callable
 
 from minikv.attacks.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
 from minikv.engine.request import Response, Usage
-from minikv.exercises import expect
+from minikv.exercises import expect, expect_cases
 
 
 def _ok(text: str) -> Response:
@@ -48,3 +49,39 @@ def check_output_test(fn: Callable[[str, Response], bool]) -> None:
                f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
                "A non-200 is an honest failure; a 200 must say what the prompt explains.")
     print(f"correct on {len(cases)} responses: this test checks outputs, not just status codes")
+
+
+@functools.cache
+def _shipped_model() -> tuple:
+    from minikv.model.checkpoint import load_model
+
+    return load_model()
+
+
+@functools.cache
+def card_reached_bob(prompt_tokens: int) -> bool:
+    """Run it: Alice's card, then Bob's `prompt_tokens`-token document, on a fresh vulnerable pair (05's sizes)."""
+    from minikv.attacks.scenarios import MAX_TOKENS
+    from minikv.attacks.workload import Note, long_document_prompt, note_prompt
+    from minikv.disagg.cluster import Cluster, ClusterConfig
+    from minikv.disagg.switches import SafetySwitches
+    from minikv.engine.request import Request
+
+    card = "5412 7534 9821 0064"
+    pair = Cluster(*_shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
+    pair.submit(Request(note_prompt("alice", Note("card", card)), "alice", MAX_TOKENS, request_id="alice-1"))
+    pair.run()
+    bob_prompt = long_document_prompt("bob", prompt_tokens, random.Random(0))
+    pair.submit(Request(bob_prompt, "bob", MAX_TOKENS, request_id="bob-1"))
+    [reply] = pair.run()
+    return card in reply.text
+
+
+def check_card_reaches_bob(fn: Callable[[int], bool]) -> None:
+    """fn(prompt_tokens) -> whether Alice's card comes back in Bob's reply on notebook 05's vulnerable pair,
+    checked by running the pair."""
+    cases = [(100,), (671,), (672,), (800,), (960,), (961,), (1100,)]
+    expect_cases(fn, card_reached_bob, cases, "Bob's prompt of {} tokens",
+                 "Two rules decide: the window at the pair's front door (prompt + max_tokens), then the prefill pool "
+                 "(the prompt and the token prefill makes) at the prefill node.",
+                 "correct on {} prompt lengths, each run on the pair")

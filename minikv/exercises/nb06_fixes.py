@@ -1,6 +1,7 @@
 """Checkers for notebook 06 (the fixes)."""
 
 import random
+import zlib
 from typing import Callable
 
 from minikv.exercises import expect_cases
@@ -20,3 +21,14 @@ def check_poisoned_pages(fn: Callable[[int, int, int], int]) -> None:
     cases += [(p, rng.choice([4, 8, 16]), rng.randint(1, p)) for p in (rng.randint(20, 1000) for _ in range(7))]
     expect_cases(fn, counted_poisoned_pages, cases, "prompt {} tokens, pages of {}, {} token(s) transferred",
                  "Count the pages the prompt needs, and take away those the transfer wrote.", "correct on {} transfers")
+
+
+def check_adler32(fn: Callable[[bytes], int]) -> None:
+    """fn(data) -> the Adler-32 of `data`, compared with zlib's, which `minikv/disagg/checksum.py` runs over
+    every transferred page."""
+    rng = random.Random(32)
+    cases = [(b"",), (b"a",), (b"Wikipedia",), (bytes(5552),), (b"\xff" * 6000,)]
+    cases += [(rng.randbytes(rng.randint(1, 9000)),) for _ in range(6)]
+    expect_cases(fn, zlib.adler32, cases, "{!r:.40}",
+                 "A starts at 1 and adds each byte, B adds each new A; both mod 65521; the sum is B * 65536 + A.",
+                 "correct on {} byte strings: the same sums as zlib")

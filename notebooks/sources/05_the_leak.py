@@ -33,7 +33,7 @@ from minikv.attacks.scenarios import BOB_PROMPT_CHARS, MAX_TOKENS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.engine import Engine
 from minikv.exercises import try_exercise
-from minikv.exercises.nb05_the_leak import check_output_test
+from minikv.exercises.nb05_the_leak import check_card_reaches_bob, check_output_test
 from minikv.engine.request import Request
 from minikv.viz import find_event, page_map, show_replay, ttft_plot
 from minikv.attacks.workload import Note, long_document_prompt, note_prompt
@@ -272,3 +272,24 @@ def bob_sends(chars):
             "decode reserved": ("allocate", "decode") in seen, "alice's card reached bob": SECRET in reply.text}
 
 print(bob_sends(800))  # the case above; now 700, then 1100
+
+# %% [markdown]
+# **4.** Make exercise 3 exact: write `card_reaches_bob(prompt_tokens)`, True when Alice's card comes back in
+# Bob's reply on this notebook's vulnerable pair (a window of 1,024 tokens, `MAX_TOKENS` = 64, a prefill pool of
+# 672 tokens). The checker runs the pair for each length it tries, so your answer is judged by the engine.
+
+# %%
+def card_reaches_bob(prompt_tokens):
+    raise NotImplementedError  # your code here
+
+try_exercise(check_card_reaches_bob, card_reaches_bob)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: the pair's front door refuses what cannot fit the window (prompt + output); the prefill node marks
+# for abort what does not fit its pool with the token it makes, and that is the leak.
+def card_reaches_bob(prompt_tokens):
+    fits_window = prompt_tokens + 64 <= 1024
+    fits_prefill_pool = prompt_tokens + 1 <= 672
+    return fits_window and not fits_prefill_pool
+
+check_card_reaches_bob(card_reaches_bob)

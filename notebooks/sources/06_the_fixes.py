@@ -35,7 +35,7 @@ from minikv.disagg.cluster import POST_FIX_PREFILL_PAGES, Cluster, ClusterConfig
 from minikv.attacks.scenarios import BOB_PROMPT_CHARS, run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises import try_exercise
-from minikv.exercises.nb06_fixes import check_poisoned_pages
+from minikv.exercises.nb06_fixes import check_adler32, check_poisoned_pages
 from minikv.viz import find_event, page_map
 from minikv.attacks.workload import Note, expected_reply, long_document_prompt, note_prompt
 
@@ -279,3 +279,28 @@ assert f"intact in {poisoned_pages(BOB_PROMPT_CHARS, 16, 1)} of" in canary.attac
 # **3.** Which switches would you ship, and which would you leave off? Defend the choice with the matrix and the
 # costs above. (The maintainers shipped the queue check, recommended the KV checksum, deferred release and the
 # batch cap, and left a startup refusal as an open proposal.)
+
+# %% [markdown]
+# **4.** `kv_checksum` sums every transferred byte with Adler-32 on both sides (the sum SGLang's checksum
+# flag uses; its definition is in RFC 1950). Write `adler32(data)` from that definition: `A` starts at 1 and
+# adds each byte, `B` starts at 0 and adds each new `A`, both modulo 65521, and the checksum is
+# `B * 65536 + A`. The checker compares it with `zlib.adler32`, which `minikv/disagg/checksum.py` runs over the
+# pages. Why does the sum need `B` at all? (Hint: swap two bytes.)
+
+# %%
+def adler32(data):
+    raise NotImplementedError  # your code here
+
+try_exercise(check_adler32, adler32)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: the definition, one byte at a time. B weights each byte by its distance from the end, so two
+# swapped bytes change B where they leave A (a plain sum) unchanged.
+def adler32(data):
+    a, b = 1, 0
+    for byte in data:
+        a = (a + byte) % 65521
+        b = (b + a) % 65521
+    return b * 65536 + a
+
+check_adler32(adler32)

@@ -21,7 +21,7 @@ from minikv.disagg.cluster import ClusterConfig
 from minikv.attacks.scenarios import run_scenario
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises import try_exercise
-from minikv.exercises.nb07_late_writes import check_largest_safe_cap
+from minikv.exercises.nb07_late_writes import check_largest_safe_cap, check_times_out
 from minikv.viz import find_event, page_map, show_replay, timeline
 from minikv.viz.queues import wire_spans
 
@@ -162,3 +162,23 @@ assert config.transfer_batch_cap_pages <= cap
 #
 # **3.** Re-run the vulnerable scenario with `ClusterConfig(transfer_timeout_ticks=40)`. Does Carol still time out?
 # Is a long timeout a fix, or does it only move the race?
+
+# %% [markdown]
+# **4.** Make exercise 3 exact. A transfer of `pages` pages goes in batches of at most `cap` pages (`None`: one
+# batch), one after another, each landing `base + ceil(n / rate)` ticks after it is posted; the receiver gives up
+# on a batch that takes more than `timeout` ticks. Write `times_out(pages, base, rate, timeout, cap)`. Then
+# answer exercise 3 for Carol with it, and say what the cap changes that a longer timeout does not.
+
+# %%
+def times_out(pages, base, rate, timeout, cap):
+    raise NotImplementedError  # your code here
+
+try_exercise(check_times_out, times_out)
+
+# %% jupyter={"source_hidden": true} tags=["solution"]
+# Solution: only the largest batch matters, and it is the first one: min(cap, pages) pages.
+def times_out(pages, base, rate, timeout, cap):
+    largest = pages if cap is None else min(cap, pages)
+    return base + -(-largest // rate) > timeout
+
+check_times_out(times_out)

@@ -100,11 +100,12 @@ def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, sw
     return ScenarioResult(name, switches, cluster=cluster, oracle=oracle, **vars(out))
 
 
-def over_length(cluster: Cluster, secret: str, rng: random.Random) -> tuple[Response, Response]:
-    """Alice's card, then Bob's prompt past the prefill pool: (alice's answer, bob's)."""
+def over_length(cluster: Cluster, secret: str, rng: random.Random,
+                bob_chars: int = BOB_PROMPT_CHARS) -> tuple[Response, Response]:
+    """Alice's card, then Bob's prompt (past the prefill pool by default): (alice's answer, bob's)."""
     cluster.submit(Request(note_prompt("alice", Note("card", secret)), "alice", MAX_TOKENS, request_id="alice-1"))
     [alice] = cluster.run()
-    cluster.submit(Request(long_document_prompt("bob", BOB_PROMPT_CHARS, rng), "bob", MAX_TOKENS, request_id="bob-1"))
+    cluster.submit(Request(long_document_prompt("bob", bob_chars, rng), "bob", MAX_TOKENS, request_id="bob-1"))
     [bob] = cluster.run()
     return alice, bob
 

@@ -60,21 +60,15 @@ def _shipped_model() -> tuple:
 
 @functools.cache
 def card_reached_bob(prompt_tokens: int) -> bool:
-    """Run it: Alice's card, then Bob's `prompt_tokens`-token document, on a fresh vulnerable pair (05's sizes)."""
-    from minikv.attacks.scenarios import MAX_TOKENS
-    from minikv.attacks.workload import Note, long_document_prompt, note_prompt
+    """Run it: notebook 05's scenario on a fresh vulnerable pair, Bob's document `prompt_tokens` tokens long."""
+    from minikv.attacks.scenarios import over_length
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.switches import SafetySwitches
-    from minikv.engine.request import Request
 
     card = "5412 7534 9821 0064"
     pair = Cluster(*_shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
-    pair.submit(Request(note_prompt("alice", Note("card", card)), "alice", MAX_TOKENS, request_id="alice-1"))
-    pair.run()
-    bob_prompt = long_document_prompt("bob", prompt_tokens, random.Random(0))
-    pair.submit(Request(bob_prompt, "bob", MAX_TOKENS, request_id="bob-1"))
-    [reply] = pair.run()
-    return card in reply.text
+    _, bob = over_length(pair, card, random.Random(0), bob_chars=prompt_tokens)
+    return card in bob.text
 
 
 def check_card_reaches_bob(fn: Callable[[int], bool]) -> None:

@@ -13,13 +13,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from minikv.bench.benchmark import bench_workload
-from minikv.bench.serving import requests_for, run_load, stream_one
-from minikv.bench.systems import serve_all
+from minikv.bench.serving import requests_for, run_load
+from minikv.bench.systems import BenchRequest, Run, serve_all
 from minikv.serve.launch import ServerProcess
 
 RULES = {  # part -> substrings of a frame; the deepest frame that matches one decides, the first part here wins
@@ -44,7 +43,6 @@ RULES = {  # part -> substrings of a frame; the deepest frame that matches one d
     "JSON": ("json/",),
     "gateway log": ("minikv/serve/gateway.py",),
 }
-ERRORS: Counter = Counter()  # failed requests by kind, over the whole run
 IDLE_ENGINE = "EngineLoop._drain (minikv/serve/engine_loop.py"  # deepest minikv frame: waiting for the inbox
 HAND_OFF = "call_soon_threadsafe"  # the engine thread posting text to the event loop (it writes to its self-pipe)
 THREADS = {"minikv-engine-loop": "engine thread", "MainThread": "event loop (main thread)"}  # by Python name
@@ -78,27 +76,13 @@ def spy(pid: int, seconds: int, out: Path, mode: str) -> subprocess.Popen:
                              "-o", str(out), "--pid", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def drive(url: str, clients: int, until: threading.Event) -> tuple[int, float]:
-    """`clients` closed-loop streams (each sends the next request as soon as its last one ends) through
-    the benchmark's requests in turn, until told to stop: (tokens, seconds)."""
-    workload, turn, start = bench_workload(32, 0), itertools.count(), time.perf_counter()
-
-    async def client(http: httpx.AsyncClient) -> int:
-        tokens = 0
-        while not until.is_set():
-            try:
-                reply = await stream_one(http, url, "tiny-llama", workload[next(turn) % len(workload)])
-            except httpx.HTTPError as e:
-                ERRORS[type(e).__name__] += 1
-                continue
-            tokens += reply[0].tokens if reply else 0
-            ERRORS["non-200"] += reply is None
-        return tokens
-
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=300.0, limits=limits) as http:
-        tokens = sum(await asyncio.gather(*(client(http) for _ in range(clients))))
-    return tokens, time.perf_counter() - start
+def closed_loop(workload: list[BenchRequest], stop: threading.Event) -> Iterator[BenchRequest]:
+    """The workload over and over until `stop` is set: run_load's clients each send the next request as soon as
+    their last one ends."""
+    for request in itertools.cycle(workload):
+        if stop.is_set():
+            return
+        yield request
 
 
 def thread_names(pid: int) -> dict[int, str]:
@@ -120,11 +104,13 @@ def cpu_seconds(pid: int, names: dict[int, str]) -> Counter:
     return found
 
 
-def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[float, dict]:
-    """Tokens/s under load for `seconds`, sampled by py-spy in `mode`; unsampled: CPU seconds per thread."""
+def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[Run, dict]:
+    """The load's run for `seconds` (and the ramp around them), sampled by py-spy in `mode`; unsampled: CPU seconds
+    per thread."""
     until, out = threading.Event(), folder / f"{clients}{mode}.txt"
-    result: list = []
-    worker = threading.Thread(target=lambda: result.append(asyncio.run(drive(server.url, clients, until))))
+    load = run_load(server.url, "tiny-llama", closed_loop(bench_workload(32, 0), until), clients)
+    result: list[Run] = []
+    worker = threading.Thread(target=lambda: result.append(asyncio.run(load)))
     worker.start()
     time.sleep(2)  # the load is up
     names = thread_names(server.process.pid)
@@ -138,8 +124,7 @@ def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None,
     cpu["wall"] = time.perf_counter() - start
     until.set()
     worker.join()
-    tokens, wall = result[0]
-    return tokens / wall, read_raw(out) if mode else cpu
+    return result[0], read_raw(out) if mode else cpu
 
 
 def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
@@ -181,28 +166,30 @@ def main() -> None:
 
     torch.set_num_threads(1)  # as the server's --threads 1
     folder = Path(tempfile.mkdtemp(prefix="profile_serve_"))
+    failed = 0
     with ServerProcess(args.serve_args) as server:
         asyncio.run(run_load(server.url, "tiny-llama", bench_workload(32, 0), 32))  # warm-up
         for clients in map(int, args.clients.split(",")):
             alone, alone_cpu = engine_alone(args.serve_args, clients)
             bare, cpu = measure(server, clients, args.seconds, None, folder)
-            load_bare = os.getloadavg()[0]
-            wall = cpu.pop("wall")
+            load_bare, wall = os.getloadavg()[0], cpu.pop("wall")
             sampled, idle = measure(server, clients, args.seconds, "--idle", folder)
-            _, gil = measure(server, clients, args.seconds, "--gil", folder)
+            gil_run, gil = measure(server, clients, args.seconds, "--gil", folder)
+            failed += sum(run.completions.count(None) for run in (bare, sampled, gil_run))
             held = sum(sum(c.values()) for c in gil.values()) / (args.seconds * 100)
             print(f"\n### {clients} clients, `minikv serve {' '.join(args.serve_args)}`\n")
             print(f"The same engine in one process, no HTTP, the same requests: {alone:,.0f} tokens/s, "
                   f"{1e3 * alone_cpu:.2f} ms of CPU per token. Over HTTP: "
-                  f"{bare:,.0f} tokens/s without the profiler (load average {load_bare:.1f}), {sampled:,.0f} with it "
+                  f"{bare.tokens_per_s:,.0f} tokens/s without the profiler (load average {load_bare:.1f}), "
+                  f"{sampled.tokens_per_s:,.0f} with it "
                   f"(load average {os.getloadavg()[0]:.1f}); the GIL is held {held:.0%} of the wall time.\n")
             print("CPU time while unsampled (/proc), per token served: " + ", ".join(
-                f"{name} {1e3 * s / (bare * wall):.2f} ms ({s / wall:.0%} of a core)" for name, s in cpu.most_common()) + ".\n")
+                f"{name} {1e3 * s / (bare.tokens_per_s * wall):.2f} ms ({s / wall:.0%} of a core)" for name, s in cpu.most_common()) + ".\n")
             print("| thread | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
-            print("\n".join(table(idle, args.seconds, sampled)))
+            print("\n".join(table(idle, args.seconds, sampled.tokens_per_s)))
             print("\n| GIL held by | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")
-            print("\n".join(table(gil, args.seconds, sampled)), flush=True)
-    print(f"\nfailed requests: {dict(+ERRORS) or 'none'} (py-spy's raw samples: {folder})")
+            print("\n".join(table(gil, args.seconds, sampled.tokens_per_s)), flush=True)
+    print(f"\nfailed requests: {failed} (py-spy's raw samples: {folder})")
 
 
 if __name__ == "__main__":

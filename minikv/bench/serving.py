@@ -10,6 +10,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -62,15 +63,16 @@ async def stream_one(http: httpx.AsyncClient, url: str, model: str,
     return Completion("".join(text), tokens), first - start if first is not None else None, itl
 
 
-async def run_load(url: str, model: str, requests: list[BenchRequest], clients: int, key: str | None = None) -> Run:
-    """`clients` tasks take the requests in order from one queue (with bearer `key`, if any)."""
-    results: list = [None] * len(requests)
-    todo = iter(range(len(requests)))
+async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clients: int, key: str | None = None) -> Run:
+    """`clients` tasks take the requests in order from one queue (with bearer `key`, if any), each its next as soon
+    as its last is answered, until `requests` ends (it may be a generator)."""
+    results: dict[int, tuple | None] = {}
+    todo = enumerate(requests)
 
     async def client(http: httpx.AsyncClient) -> None:
-        for i in todo:
+        for i, request in todo:
             try:
-                results[i] = await stream_one(http, url, model, requests[i])
+                results[i] = await stream_one(http, url, model, request)
             except (httpx.HTTPError, ValueError):
                 results[i] = None
 
@@ -80,8 +82,9 @@ async def run_load(url: str, model: str, requests: list[BenchRequest], clients: 
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
-    done = [r for r in results if r is not None]
-    return Run([r[0] if r else None for r in results], [r[1] for r in done if r[1] is not None], wall,
+    ordered = [results[i] for i in range(len(results))]
+    done = [r for r in ordered if r is not None]
+    return Run([r[0] if r else None for r in ordered], [r[1] for r in done if r[1] is not None], wall,
                [r[2] for r in done if r[2] is not None])
 
 

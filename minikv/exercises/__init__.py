@@ -1,10 +1,7 @@
-"""Exercise checkers, one module per notebook (`nb01_kv_caching.py` serves notebook 01, ...).
-
-A checker tries a learner's function on listed and seeded cases, so that no constant passes, and
-compares it with the engine's own code or a step-by-step count, never the solution's formula. It
-prints one line when all pass, else raises AssertionError naming the case, what was expected and
-what came back. `tests/test_exercises.py` runs each against constants and the hidden solution.
-"""
+"""Exercise checkers, one module per notebook (`nb01_kv_caching.py` serves notebook 01, ...). A checker tries
+a learner's function on listed and seeded cases (so no constant passes) against the engine's own code or a
+step-by-step count, never the solution's formula; it prints one line when all pass, else raises AssertionError
+naming the case, what was expected and what came back."""
 
 import copy
 from collections.abc import Callable, Sequence
@@ -23,10 +20,8 @@ def expect(got: Any, want: Any, case: str, hint: str = "") -> None:
 
 
 def expect_cases(fn: Callable, reference: Callable, cases: Sequence[tuple], case: str, hint: str, done: str) -> None:
-    """expect(fn(*args), reference(*args)) for every args in `cases`, then print `done`.
-
-    `case` names one case (`case.format(*args)`); `fn` gets its own copy of the arguments.
-    """
+    """expect(fn(*args), reference(*args)) for every args in `cases` (`fn` gets its own copy), then print
+    `done`; `case.format(*args)` names the case."""
     for args in cases:
         expect(fn(*copy.deepcopy(args)), reference(*args), case.format(*args), hint)
     print(done.format(len(cases)))

@@ -23,17 +23,24 @@ def check_decode_reservation(fn: Callable[[int, int, int], int]) -> None:
                  "correct on {} requests")
 
 
-def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> int:
-    """Play the fabric tick by tick: one batch in flight; it waits `base` ticks, then moves `rate` pages a tick."""
-    left, ticks = num_pages, 0
-    while left:
-        batch = min(left, cap or left)
-        left -= batch
-        ticks += base  # the batch's fixed latency
-        while batch > 0:  # then its pages, `rate` per tick
-            batch -= rate
-            ticks += 1
+def batches(num_pages: int, cap: int | None) -> list[int]:
+    """The pages of each batch a transfer sends, one after another: at most `cap` each (None: one batch)."""
+    size = cap or num_pages
+    return [min(size, num_pages - sent) for sent in range(0, num_pages, size)]
+
+
+def batch_ticks(pages: int, base: int, rate: int) -> int:
+    """Play one batch on the fabric tick by tick: it waits `base` ticks, then moves `rate` pages a tick."""
+    ticks = base
+    while pages > 0:
+        pages -= rate
+        ticks += 1
     return ticks
+
+
+def ticks_on_the_wire(num_pages: int, cap: int | None, base: int, rate: int) -> int:
+    """Ticks until the last batch lands: one batch in flight at a time."""
+    return sum(batch_ticks(pages, base, rate) for pages in batches(num_pages, cap))
 
 
 def check_transfer_ticks(fn: Callable[[int, int | None, int, int], int]) -> None:

@@ -38,11 +38,8 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
 
 
 def check_output_test(fn: Callable[[str, Response], bool]) -> None:
-    """fn(prompt, response) -> True when the response is trustworthy for that prompt.
-
-    A good test reads the text, not only the status: a 200 repeating a note the prompt never held
-    is a leak; a 400 or 500 is an honest failure, not a leak.
-    """
+    """fn(prompt, response) -> True when the response is trustworthy for that prompt: a 200 repeating a note
+    the prompt never held is a leak; a 400 or 500 is an honest failure, not a leak."""
     cases = _cases()
     for prompt, response, trustworthy in cases:
         expect(fn(prompt, response), trustworthy,

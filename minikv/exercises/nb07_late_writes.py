@@ -4,11 +4,12 @@ import random
 from typing import Callable
 
 from minikv.exercises import expect_cases
+from minikv.exercises.nb04_disaggregated import batch_ticks, batches
 
 
 def largest_cap_by_trial(base: int, rate: int, timeout: int) -> int:
-    """Try every batch size: a batch of n pages lands base + ceil(n / rate) ticks after it is posted."""
-    return max(n for n in range(1, 10_000) if base + -(-n // rate) <= timeout)
+    """Try every batch size up to what `timeout` ticks at `rate` could move, each played tick by tick."""
+    return max(n for n in range(1, rate * timeout + 1) if batch_ticks(n, base, rate) <= timeout)
 
 
 def check_largest_safe_cap(fn: Callable[[int, int, int], int]) -> None:
@@ -22,15 +23,8 @@ def check_largest_safe_cap(fn: Callable[[int, int, int], int]) -> None:
 
 
 def times_out_by_ticks(pages: int, base: int, rate: int, timeout: int, cap: int | None) -> bool:
-    """Send the transfer batch by batch (at most `cap` pages each, one after another), counting each one's ticks."""
-    left = pages
-    while left > 0:
-        batch = left if cap is None else min(cap, left)
-        ticks = base + len(range(0, batch, rate))  # a tick for every `rate` pages, the last one perhaps partial
-        if ticks > timeout:
-            return True
-        left -= batch
-    return False
+    """Send the transfer batch by batch, counting each one's ticks: does any take longer than `timeout`?"""
+    return any(batch_ticks(batch, base, rate) > timeout for batch in batches(pages, cap))
 
 
 def check_times_out(fn: Callable[[int, int, int, int, int | None], bool]) -> None:

@@ -39,11 +39,9 @@ def check_cached_tokens(fn: Callable[[list[list[int]], list[int], int], int]) ->
 
 
 def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:
-    """fn(cached_tokens_of, known, alphabet) -> the secret that follows `known` in the cached prompt.
-
-    `cached_tokens_of(prompt)` answers as the engine's usage would, at 1-token pages, for a
-    cache holding one victim prompt: `known + secret + ".\\n"`.
-    """
+    """fn(cached_tokens_of, known, alphabet) -> the secret that follows `known` in the cached prompt;
+    `cached_tokens_of(prompt)` answers as the engine's usage would, at 1-token pages, for a cache holding one
+    victim prompt: `known + secret + ".\\n"`."""
     rng = random.Random(13)
     secrets = ["a", "0912", "Zz-9"] + ["".join(rng.choice(SECRET_ALPHABET) for _ in range(rng.randint(1, 12)))
                                       for _ in range(6)]

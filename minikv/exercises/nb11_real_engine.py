@@ -1,9 +1,5 @@
-"""Checkers for notebook 11 (a real engine): what a repeat reads from a block cache, and a gateway's salt.
-
-The first compares a learner's count with what minikv's engine reports for the same prompt served
-twice at that block size (the rule vLLM's cache follows too); the second checks the properties a
-per-tenant `cache_salt` needs, on generated keys.
-"""
+"""Checkers for notebook 11 (a real engine): a repeat's cached tokens, against minikv's engine serving the prompt
+twice at that block size (vLLM's rule too), and the properties a per-tenant `cache_salt` needs, on generated keys."""
 
 import random
 import string

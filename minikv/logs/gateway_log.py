@@ -11,7 +11,7 @@ import string
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
@@ -128,7 +128,7 @@ def iter_log(path: str | Path) -> Iterator[GatewayRecord | MalformedLine]:
 
 LOG_START = datetime(2026, 8, 1, tzinfo=timezone.utc)
 LOG_END = datetime(2026, 10, 1, tzinfo=timezone.utc)
-BUG_START = datetime(2026, 8, 27, tzinfo=timezone.utc)
+BUG_START = datetime.combine(INCIDENT_FIRST_DAY, time(), timezone.utc)
 # The status page's "increased errors" window; that the model was down for exactly this window is our log's choice.
 OUTAGE_START = datetime(2026, 9, 9, 14, 25, tzinfo=timezone.utc)
 OUTAGE_END = datetime(2026, 9, 9, 20, 9, tzinfo=timezone.utc)

@@ -1,8 +1,5 @@
-"""The page map: every page of a pool as one cell, coloured by the tenant whose data it holds.
-
-How to read it: docs/pictures.md. `page_styles` decides how every cell looks (pure, testable),
-`draw_pools` draws it, and the legend lists only what is drawn.
-"""
+"""The page map: every page of a pool as one cell, coloured by the tenant whose data it holds (how to read
+it: docs/pictures.md). `page_styles` decides how every cell looks (pure, testable), `draw_pools` draws it."""
 
 import math
 import textwrap
@@ -224,11 +221,9 @@ def draw_pools(states: Sequence[PoolState], colours: Mapping[str, str], caption:
 def page_map(log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int], at: int | None = None,
              request: str | None = None, page_size: int | None = None, cross_reads: CrossReads = "now",
              nodes: Sequence[str] | None = None, caption: str | None = None) -> Picture:
-    """The page map of every pool (or of `nodes`) after events[0..at] (the whole log when None; -1: boot).
-
-    `request`: whose block table to outline; `cross_reads="ever"`: mark every page read across
-    requests so far, not only this step; `caption`: the text on top (default: which moment it is).
-    """
+    """The page map of every pool (or of `nodes`) after events[0..at] (the whole log when None; -1: boot);
+    `request`: whose block table to outline; `cross_reads="ever"`: mark every page read across requests so
+    far, not only this step; `caption`: the text on top (default: which moment it is)."""
     events = as_events(log)
     last = len(events) - 1 if at is None else at
     states = replay(events, num_pages, last)

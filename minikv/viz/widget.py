@@ -22,18 +22,10 @@ BOOT = -1  # the frame before the first event
 
 
 class ReplayWidget(widgets.VBox):
-    """Step through `log`, one frame per event that changes the picture (see `frame_indices`).
-
-    Args:
-        log: the engine's `EventLog` (one log for all nodes), or a list of events.
-        num_pages: pages per pool: one number, or {node: pages} for several nodes.
-        frames: "changes" (default), "all" events, or the last event of each engine "steps".
-        request: whose block table to outline; None follows the current event's request.
-        page_size: tokens per page, for the panel titles.
-        nodes: which pools to draw, in order (default: every node).
-        start: open at the last frame at or before this event index (default: the last frame).
-        cross_reads: mark pages read across tenants during the current step ("now") or ever.
-    """
+    """Step through `log`, one frame per event that changes the picture (`frames`: see `frame_indices`).
+    `num_pages`: one size, or {node: pages}; `request`: whose block table to outline (None: the current
+    event's); `start`: open at the last frame at or before this event index (None: the last frame);
+    `page_size`, `nodes` and `cross_reads` as in `page_map` (docs/pictures.md)."""
 
     def __init__(self, log: EventLog | Iterable[Event], num_pages: int | Mapping[str, int],
                  frames: FrameMode = "changes", request: str | None = None, page_size: int | None = None,

@@ -1,13 +1,17 @@
-"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention] [--iters N]`.
+"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention|bound] [--iters N]`.
 
 The benchmark's 32 requests on a scattered pool, one torch thread. decode, prefill: torch.profiler's self time per
 aten operation, its share and where it comes from. attention: one layer's paged attention, request by request
 (gather + SDPA) against one tiled call with PagedStep's tile shapes, in decode and in a prefill of the first 20
-prompts (1,891 tokens), both sides timed alternately, medians and minimums. docs/benchmarks.md quotes all three.
+prompts (1,891 tokens), both sides timed alternately, medians and minimums. bound: decode_fraction of the step,
+of the step with attention taken out, and of wider models (random weights). docs/benchmarks.md quotes all four.
 """
 
 import argparse
+import dataclasses
 import statistics
+import time
+from unittest.mock import patch
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -15,9 +19,10 @@ from torch.profiler import ProfilerActivity, profile
 from minikv.attention.gather import gather_attention
 from minikv.attention.tiles import tile_plan, tiled_attention
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
-from minikv.bench.roofline import paged_step, paired_seconds, scattered_pool
+from minikv.bench.roofline import (forward_flops, linear_layers_only, measure_roofline, paged_step, paired_seconds,
+                                   scattered_pool)
 from minikv.bench.systems import prompt_ids
-from minikv.engine.paged_step import SeqSlice, block_table_tensor
+from minikv.engine.paged_step import PagedStep, SeqSlice, block_table_tensor
 from minikv.model.checkpoint import load_model
 from minikv.model.llama import Llama
 
@@ -99,9 +104,39 @@ def attention(model: Llama, lens: list[int], iters: int) -> None:
               f"{pages_per_tile * PAGE_SIZE} |")
 
 
+def bound(model: Llama, prompts: list[list[int]], iters: int) -> None:
+    """decode_fraction of the step, of the same step with attention taken out (its K/V still stored), and of
+    wider models of the same shape (random weights): what bounds the fraction at the shipped model's width."""
+    keys = sum(len(p) + 1 for p in prompts)
+    flops = forward_flops(model.config, len(prompts), keys, len(prompts), keys)
+    step = paged_step(model, prompts, PAGE_SIZE, "decode")
+    matmuls, matmul_flops = linear_layers_only(model, len(prompts))
+
+    def store_only(self: PagedStep, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   last_only: bool = False) -> torch.Tensor:
+        self.store(layer, k, v)
+        return q  # attention's output replaced by its input
+
+    def without_attention() -> list[int]:
+        with patch.object(PagedStep, "attend", store_only):
+            return step()
+
+    with torch.inference_mode():
+        full, bare, alone = paired_seconds([step, without_attention, matmuls], iters, warmup=3, clock=time.thread_time)
+    roof = matmul_flops / alone
+    print(f"step {full * 1e3:.2f} ms, without attention {bare * 1e3:.2f} ms, its matmuls alone {alone * 1e3:.2f} ms: "
+          f"decode_fraction {flops / full / roof:.2f}, without attention {flops / bare / roof:.2f}")
+    for hidden, heads in ((192, 4), (512, 8), (1024, 16)):
+        torch.manual_seed(0)
+        wider = dataclasses.replace(model.config, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                                    num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads)
+        roofline = measure_roofline(Llama(wider).eval(), prompts, PAGE_SIZE, 20)
+        print(f"hidden {hidden}: decode_fraction {roofline.decode_fraction:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention"], default="decode")
+    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention", "bound"], default="decode")
     parser.add_argument("--iters", type=int, default=100, help="attention: timed decode calls (a tenth for prefill)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -109,6 +144,8 @@ def main() -> None:
     prompts = prompt_ids(tokenizer, bench_workload(32))
     if args.what == "attention":
         attention(model, [len(p) for p in prompts], args.iters)
+    elif args.what == "bound":
+        bound(model, prompts, min(args.iters, 50))
     else:
         operations(model, prompts, args.what)
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minikv.attacks.workload import MAX_SECRET_CHARS, SECRET_ALPHABET, Note, note_prompt
+from minikv.attacks.workload import MAX_SECRET_CHARS, SECRET_ALPHABET, Note, filler, note_prompt
 from minikv.disagg.cluster import ClusterConfig
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.request import Request, Response
@@ -73,11 +73,8 @@ def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX,
 
 
 def send_probes(server: FrontDoor, prompts: list[str], tenant: str) -> list[Response]:
-    """`tenant`'s answers to `prompts` (one output token each), submitted together, in prompt order;
-    any answer but 200 raises."""
-    ids = [server.submit(Request(p, tenant, max_tokens=1)) for p in prompts]
-    answered = {r.request_id: r for r in server.run()}
-    answers = [answered[i] for i in ids]
+    """`tenant`'s answers to `prompts` (one output token each), submitted together; any answer but 200 raises."""
+    answers = server.generate(prompts, max_tokens=1, tenant=tenant)
     if bad := [r for r in answers if r.status != 200]:
         raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
     return answers
@@ -111,21 +108,13 @@ def probe_attack(server: FrontDoor, secret: str, page_size: int, alphabet: str =
 
 
 # -- timing: the audit of Gu et al. -------------------------------------------------------------
-def random_letters_prompt(rng: random.Random, num_chars: int) -> str:
-    """Random letters separated by spaces, as Gu et al.'s audit prompts are: never seen before."""
-    words = []
-    while sum(len(w) + 1 for w in words) < num_chars:
-        words.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 8))))
-    return " ".join(words)[: num_chars - 1] + "\n"
-
-
 def timing_audit(server: FrontDoor, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
     """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so that
     a busy machine slows both alike (docs/attacks.md)."""
     hit, miss = [], []
     for _ in range(samples):
-        shared = random_letters_prompt(rng, prompt_chars)
+        shared = filler(rng, prompt_chars)
         send_probes(server, [shared], VICTIM)
         hit.append(send_probes(server, [shared], ATTACKER)[0].ttft_s)
-        miss.append(send_probes(server, [random_letters_prompt(rng, prompt_chars)], ATTACKER)[0].ttft_s)
+        miss.append(send_probes(server, [filler(rng, prompt_chars)], ATTACKER)[0].ttft_s)
     return hit, miss

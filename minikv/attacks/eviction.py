@@ -3,14 +3,8 @@ across salts; `cache_partition` closes it. Front door only: runs on Engine and C
 
 import random
 
+from minikv.attacks.workload import filler
 from minikv.engine.front_door import FrontDoor
-
-ALPHABET = "abcdefghijklmnopqrstuvwxyz "
-
-
-def filler(rng: random.Random, chars: int) -> str:
-    """`chars` characters of random letters ending in a newline: a prompt no one else sends."""
-    return "".join(rng.choice(ALPHABET) for _ in range(chars - 1)) + "\n"
 
 
 def prime_and_probe(door: FrontDoor, a_repeats: bool, b_prompts: int = 7, chars: int = 496, seed: int = 0) -> list[int]:

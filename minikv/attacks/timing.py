@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import rankdata
 
-from minikv.attacks.cached_tokens import (ATTACKER, VICTIM, Oracle, ProbeOutcome, random_letters_prompt,
-                                          recover_secret, send_probes, victim_prompt, victim_saves)
-from minikv.attacks.workload import SECRET_ALPHABET
+from minikv.attacks.cached_tokens import (ATTACKER, VICTIM, Oracle, ProbeOutcome, recover_secret, send_probes,
+                                          victim_prompt, victim_saves)
+from minikv.attacks.workload import SECRET_ALPHABET, filler
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.request import Response
 
@@ -43,13 +44,12 @@ def time_burst(server: FrontDoor, prompts: list[str], ledger: TimingLedger) -> f
 def flush_cache(server: FrontDoor, rng: random.Random, tokens: int) -> int:
     """Send `tokens` characters of random filler (past the pool's size, every parked page goes); the prompts sent."""
     sizes = [FILLER_CHARS] * (tokens // FILLER_CHARS) + ([tokens % FILLER_CHARS] if tokens % FILLER_CHARS > 1 else [])
-    return len(send_probes(server, [random_letters_prompt(rng, chars) for chars in sizes], ATTACKER))
+    return len(send_probes(server, [filler(rng, chars) for chars in sizes], ATTACKER))
 
 
 def ranks_within_cycles(samples: Sequence[Sequence[float]]) -> list[list[int]]:
     """ranks[g][i]: guess g's place in cycle i, 1 for the fastest burst of that cycle (ties: lower g first)."""
-    order = np.argsort(samples, axis=0, kind="stable")  # (guesses, cycles): order[p, i] = the p-th fastest in cycle i
-    return (np.argsort(order, axis=0, kind="stable") + 1).tolist()  # its inverse: each guess's place
+    return rankdata(samples, axis=0, method="ordinal").tolist()  # (guesses, cycles)
 
 
 def rank_sum_p_value(rank_sum: int, cycles: int, guesses: int) -> float:

@@ -99,6 +99,15 @@ def random_note(rng: random.Random, secret_share: float = 0.8, patterned_share: 
     return Note(rng.choice(ORDINARY_FIELDS), rng.choice(ORDINARY_PHRASES))
 
 
+def filler(rng: random.Random, chars: int) -> str:
+    """`chars` characters of random letters in words, ending in a newline (as Gu et al.'s audit prompts): a prompt
+    no one else sends."""
+    words = []
+    while sum(len(w) + 1 for w in words) < chars:
+        words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 8))))
+    return " ".join(words)[: chars - 1] + "\n"
+
+
 def document_sentence(rng: random.Random, num_chars: int) -> str:
     """`read <words>.` about `num_chars` long, made of ordinary words."""
     words = ["read"]

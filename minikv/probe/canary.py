@@ -1,7 +1,5 @@
-"""Canary: a random string key A sends must never come back to key B (docs/serve.md, "The probe").
-
-Right after key A saves a fresh canary (the shipped model repeats notes), key B sends prompts from three quarters
-of the window to past it: the requests that reached freed pages in the incident."""
+"""Canary: a random string key A saves (the shipped model repeats notes) must never come back to key B's prompts of
+3/4 of the window to past it: the requests that reached freed pages in the incident (docs/serve.md, "The probe")."""
 
 import string
 from http import HTTPStatus

@@ -5,8 +5,10 @@ from dataclasses import dataclass, field
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 INFO = "info"  # a measured residual, reported with its figures: never a pass or a fail
-CHECKS = ("canary", "over-length", "honesty", "prefix-cache", "eviction", "token-gaps")  # in the order they run
-DEFAULT_CHECKS = CHECKS[:4]  # the other two fill the endpoint's pool, or hold a stream open
+# every check in the order they run: its name on the command line -> its title in the report
+CHECKS = {"canary": "canary", "over-length": "over-length", "honesty": "prompt-token honesty",
+          "prefix-cache": "shared prefix cache", "eviction": "shared eviction order", "token-gaps": "inter-token gap"}
+DEFAULT_CHECKS = tuple(CHECKS)[:4]  # the other two fill the endpoint's pool, or hold a stream open
 
 
 @dataclass(frozen=True)

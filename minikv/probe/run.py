@@ -12,22 +12,17 @@ from minikv.probe.honesty import check_honesty
 from minikv.probe.over_length import check_over_length
 from minikv.probe.prefix_cache import check_prefix_cache
 from minikv.probe.replies import CannotProbe
-from minikv.probe.report import INCOMPLETE, CheckResult, Incomplete, ProbeOptions, ProbeReport
+from minikv.probe.report import CHECKS, INCOMPLETE, CheckResult, Incomplete, ProbeOptions, ProbeReport
 from minikv.probe.session import ProbeSession, open_session
 from minikv.probe.token_gaps import check_token_gaps
 
 
 def checks(options: ProbeOptions) -> list[tuple[str, Callable[[ProbeSession, CheckResult], None]]]:
-    """The chosen checks in the order they run: the canary first, while the pool holds little but key A's note."""
-    every = {
-        "canary": ("canary", check_canary),
-        "over-length": ("over-length", check_over_length),
-        "honesty": ("prompt-token honesty", check_honesty),
-        "prefix-cache": ("shared prefix cache", partial(check_prefix_cache, rounds=options.rounds)),
-        "eviction": ("shared eviction order", check_eviction),
-        "token-gaps": ("inter-token gap", check_token_gaps),
-    }
-    return [every[name] for name in every if name in options.checks]
+    """(title, check) of the chosen checks: the canary first, while the pool holds little but key A's note."""
+    run = {"canary": check_canary, "over-length": check_over_length, "honesty": check_honesty,
+           "prefix-cache": partial(check_prefix_cache, rounds=options.rounds), "eviction": check_eviction,
+           "token-gaps": check_token_gaps}
+    return [(title, run[name]) for name, title in CHECKS.items() if name in options.checks]
 
 
 def probe_endpoint(url: str, key_a: str, key_b: str, on_result: Callable[[CheckResult], None] | None = None,

@@ -63,11 +63,7 @@ class DecodeNode(Node):
 
     def _prealloc(self) -> None:
         for seq in list(self.prealloc_queue):
-            receiver = self.endpoints[seq.room]
-            retire = self.gate(seq) or receiver.failure()
-            if retire:
-                self.prealloc_queue.remove(seq)
-                self._abort(seq, *retire)
+            if self._retired(seq, self.prealloc_queue):
                 continue
             need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)  # the ORIGINAL length
             if not self.pool.can_allocate(need):
@@ -77,7 +73,7 @@ class DecodeNode(Node):
                         f"{len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:
                 self.pool.kv[:, :, seq.block_table] = CANARY  # poison: must be overwritten by the transfer
-            receiver.send_metadata(seq.block_table)
+            self.endpoints[seq.room].send_metadata(seq.block_table)
             self.prealloc_queue.remove(seq)
             self.transfer_queue.append(seq)
             self._stage(seq, "transfer")
@@ -85,25 +81,30 @@ class DecodeNode(Node):
     def _poll_transfers(self) -> None:
         for seq in list(self.transfer_queue):
             receiver = self.endpoints[seq.room]
-            retire = self.gate(seq) or receiver.failure()
-            if retire:
-                self.transfer_queue.remove(seq)
-                self._abort(seq, *retire)
-            elif receiver.poll() is KVPoll.Success:
-                self.transfer_queue.remove(seq)
-                problem = self.verify(seq, receiver)
-                if problem:
-                    self._abort(seq, HTTPStatus.INTERNAL_SERVER_ERROR, problem)
-                    continue
-                shipment = receiver.transfer.shipment
-                if shipment.sampler_state is not None:  # go on with the random stream prefill drew from
-                    seq.generator.set_state(shipment.sampler_state)
-                seq.cached_tokens = shipment.cached_tokens
-                seq.status = SeqStatus.RUNNING
-                self.scheduler.running.append(seq)
-                self._stage(seq, "running")
-                # the node now believes the whole prompt is cached; the first token reaches the client
-                self._end(self.scheduler.postprocess([seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)]))
+            if self._retired(seq, self.transfer_queue) or receiver.poll() is not KVPoll.Success:
+                continue
+            self.transfer_queue.remove(seq)
+            problem = self.verify(seq, receiver)
+            if problem:
+                self._abort(seq, HTTPStatus.INTERNAL_SERVER_ERROR, problem)
+                continue
+            shipment = receiver.transfer.shipment
+            if shipment.sampler_state is not None:  # go on with the random stream prefill drew from
+                seq.generator.set_state(shipment.sampler_state)
+            seq.cached_tokens = shipment.cached_tokens
+            seq.status = SeqStatus.RUNNING
+            self.scheduler.running.append(seq)
+            self._stage(seq, "running")
+            # the node now believes the whole prompt is cached; the first token reaches the client
+            self._end(self.scheduler.postprocess([seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)]))
+
+    def _retired(self, seq: Sequence, queue: list[Sequence]) -> bool:
+        """Abort `seq`, taking it off `queue`, if its gate or its transfer ended it; whether it did."""
+        retire = self.gate(seq) or self.endpoints[seq.room].failure()
+        if retire:
+            queue.remove(seq)
+            self._abort(seq, *retire)
+        return retire is not None
 
     def verify(self, seq: Sequence, receiver: KVReceiver) -> str | None:
         """Checks before decoding over KV this node did not compute; the reason if one fails."""
@@ -126,10 +127,7 @@ class DecodeNode(Node):
 
     def _decode(self) -> None:
         for seq in list(self.scheduler.running):
-            retire = self.gate(seq)
-            if retire:
-                self.scheduler.running.remove(seq)
-                self._abort(seq, *retire)
+            self._retired(seq, self.scheduler.running)
         batch = self.scheduler.schedule_decode()
         if batch is None:
             return

@@ -24,17 +24,14 @@ class PrefillNode(Node):
         self.bootstrap_queue: list[Sequence] = []
         self.inflight_queue: list[Sequence] = []
 
-    @property
-    def max_input_len(self) -> int:
-        return min(self.context_len - 1, self.pool.capacity_tokens - 1)
-
     def queues(self) -> tuple[list[Sequence], ...]:
         return self.bootstrap_queue, self.scheduler.waiting, self.scheduler.running, self.inflight_queue
 
     def check_intake(self, seq: Sequence) -> None:
         """Validate the input length; on failure mark for abort and swap in the placeholder."""
-        if len(seq.prompt_ids) > self.max_input_len:
-            seq.to_finish = (f"input of {len(seq.prompt_ids)} tokens exceeds the maximum of {self.max_input_len} "
+        limit = min(self.context_len - 1, self.pool.capacity_tokens - 1)
+        if len(seq.prompt_ids) > limit:
+            seq.to_finish = (f"input of {len(seq.prompt_ids)} tokens exceeds the maximum of {limit} "
                              f"(min(context_len - 1, prefill pool tokens - 1) = min({self.context_len - 1}, "
                              f"{self.pool.capacity_tokens - 1}))")
             seq.prompt_ids = list(PLACEHOLDER_IDS)
@@ -70,14 +67,11 @@ class PrefillNode(Node):
         for seq in list(self.bootstrap_queue):
             if not self.gate(seq):
                 self.bootstrap_queue.remove(seq)
-                continue
-            sender = self.endpoints[seq.room]
-            if sender.poll() is KVPoll.Failed:
+            elif (state := self.endpoints[seq.room].poll()) is KVPoll.Failed:
                 self.bootstrap_queue.remove(seq)
                 self._release(seq, "released")
-                continue
-            if sender.poll() is KVPoll.WaitingForInput:  # decode has preallocated and advertised
-                sender.init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
+            elif state is KVPoll.WaitingForInput:  # decode has preallocated and advertised
+                self.endpoints[seq.room].init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
                 self.bootstrap_queue.remove(seq)
                 self.scheduler.add(seq)
                 self._stage(seq, "waiting")

@@ -78,8 +78,8 @@ class ServerProcess(LocalServer):
         self.start(command, child_env, tempfile.TemporaryFile(mode="w+"))
 
     def start(self, command: list[str], env: dict[str, str], output: TextIO, new_session: bool = False) -> None:
-        """Run `command` with its output to `output`, and wait until it answers."""
-        self._output = output
+        """Run `command`, its output to `output` (in a session of its own if `new_session`); wait until it answers."""
+        self._output, self.new_session = output, new_session
         self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=new_session)
         self.wait_ready(lambda: self.process.poll() is None)
@@ -104,6 +104,11 @@ class ServerProcess(LocalServer):
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.new_session:  # then SIGKILL to whatever of its session is left (vLLM's engine core)
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         return self.process.returncode
 
 

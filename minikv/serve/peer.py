@@ -56,15 +56,6 @@ class PeerServer(ServerProcess):
         errors = [line for line in lines if "Error" in line]
         return f"{(errors or lines or ['(no output)'])[-1].strip()[:300]} (its log: {self.log})"
 
-    def stop(self) -> int:
-        """SIGTERM to vLLM, which stops its engine core; then SIGKILL to whatever of its session is left."""
-        status = super().stop()
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # the session's group: the engine core, if it outlived its parent
-        except ProcessLookupError:
-            pass
-        return status
-
 
 def add_peer_parser(sub) -> None:
     """Register `peer setup NAME` and `peer serve NAME [--port P] [--model DIR]` on the subcommands."""

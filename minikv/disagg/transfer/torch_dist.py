@@ -198,15 +198,14 @@ class DistKVManager(KVTransfer):
                 self.bootstrap.close(room)
 
     def land_due(self) -> None:
-        """Advance every room: the receiver posts irecvs for announced shipments, held isends go out
-        when due, completed operations land (receiver) or finish (sender), stalled rooms time out."""
+        """Advance every room: held isends go out when due, the receiver posts irecvs for announced shipments,
+        completed operations land (receiver) or finish (sender), stalled rooms time out."""
         now = time.monotonic()
-        for t in list(self.rooms.values()):
-            if self.side == "receiver" and t.shipment is None and t.dst_pages is not None:
-                self._receive(t)
         for room in self.wire.post_due():
             self.rooms[room].last_progress = now
         for t in list(self.rooms.values()):
+            if self.side == "receiver" and t.shipment is None and t.dst_pages is not None:
+                self._receive(t)
             done = self.wire.completed(t.room)
             for batch in done:
                 t.in_flight -= 1
@@ -220,8 +219,7 @@ class DistKVManager(KVTransfer):
                 if t.status is KVPoll.Transferring:
                     t.status = KVPoll.Success
                 self._drop_if_done(t.room)
-        for t in list(self.rooms.values()):
-            self._check_timeout(t)
+            self._check_timeout(t)  # a dropped room has ended: never Transferring
 
     def _receive(self, t: Transfer) -> None:
         """Once the sender has announced its shipment (it does so only after winning "sent"): post the

@@ -27,7 +27,7 @@ from minikv.serve.peer_run import PROBES, RECORDED, peer_run
 from minikv.serve.peer_venv import installed
 from minikv.probe.report import FAIL, PASS
 from minikv.probe.run import probe_endpoint
-from minikv.serve.launch import ServerProcess, free_port
+from minikv.serve.launch import ServerThread, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL_TOKENS = 4096  # minikv serve's default pool: 256 pages x 16 tokens; the peer's: 128 blocks x 32
@@ -74,8 +74,9 @@ def peer():
 
 
 @pytest.fixture(scope="module")
-def minikv_server():
-    with ServerProcess(["--api-key", "a=sk-a-0001", "--api-key", "b=sk-b-0002"]) as server:
+def minikv_server(tiny):
+    """`minikv serve` on a thread of this process, over the session's model (notebook 11 starts it so)."""
+    with ServerThread(["--api-key", "a=sk-a-0001", "--api-key", "b=sk-b-0002"], *tiny) as server:
         yield server
 
 

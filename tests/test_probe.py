@@ -1,4 +1,8 @@
-"""`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes."""
+"""`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes.
+
+The servers run on threads of this process over the session's loaded model (`ServerThread`, as notebook 10
+starts them); the probe is a child process that reaches them over HTTP only.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import pytest
 from minikv.probe.canary import holds_canary
 from minikv.probe.session import TokenScale, random_words
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, ProbeReport
-from minikv.serve.launch import ServerProcess, free_port
+from minikv.serve.launch import ServerThread, free_port
 
 KEY_A, KEY_B = "sk-alice-0001", "sk-bob-0002"
 KEYS = ["--api-key", f"alice={KEY_A}", "--api-key", f"bob={KEY_B}"]
@@ -29,9 +33,9 @@ def verdicts(report: dict) -> dict[str, str]:
     return {c["name"]: c["verdict"] for c in report["checks"]}
 
 
-def test_probe_fails_the_vulnerable_cluster():
+def test_probe_fails_the_vulnerable_cluster(tiny):
     """Vulnerable disaggregated server: over-length answered 200 unread, key A's canary returned to key B; exit 1."""
-    with ServerProcess(["--disagg", "--preset", "vulnerable", *KEYS]) as server:
+    with ServerThread(["--disagg", "--preset", "vulnerable", *KEYS], *tiny) as server:
         status, report, _ = probe(server.url)
     v = verdicts(report)
     assert status == 1 and v["over-length"] == FAIL and v["canary"] == FAIL
@@ -39,18 +43,18 @@ def test_probe_fails_the_vulnerable_cluster():
     assert "returned key A's canary" in canary["reason"]
 
 
-def test_probe_passes_the_safe_cluster():
+def test_probe_passes_the_safe_cluster(tiny):
     """Safe disaggregated server (window = prefill pool): every check passes; exit 0."""
-    with ServerProcess(["--disagg", "--preset", "safe", "--context-len", "672", *KEYS]) as server:
+    with ServerThread(["--disagg", "--preset", "safe", "--context-len", "672", *KEYS], *tiny) as server:
         status, report, _ = probe(server.url)
     assert status == 0 and set(verdicts(report).values()) == {PASS}
     assert report["requests_sent"] <= 200
 
 
 @pytest.fixture(scope="module")
-def unsalted_server():
+def unsalted_server(tiny):
     """One engine that does not salt its prefix cache per tenant (a gateway in front may still salt)."""
-    with ServerProcess(["--disable", "cache_salt", *KEYS]) as server:
+    with ServerThread(["--disable", "cache_salt", *KEYS], *tiny) as server:
         yield server
 
 
@@ -87,8 +91,8 @@ def test_probe_needs_two_keys():
 
 
 @pytest.fixture(scope="module")
-def single_server():
-    with ServerProcess(KEYS) as server:
+def single_server(tiny):
+    with ServerThread(KEYS, *tiny) as server:
         yield server
 
 

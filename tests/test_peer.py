@@ -171,14 +171,17 @@ def test_setup_on_a_wrong_platform_or_a_full_disk_is_one_line(tmp_path, monkeypa
     assert not any(tmp_path.iterdir())  # refused before anything was made
 
 
-def test_setup_without_network_is_one_line(tmp_path):
+def test_setup_without_network_is_one_line(tmp_path, monkeypatch, capsys):
     """No index reachable (a closed port; no config, so no local wheels): one line naming the network."""
-    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
-    env |= {"PYTHONPATH": str(ROOT), "MINIKV_PEERS_DIR": str(tmp_path), "PIP_CONFIG_FILE": os.devnull,
-            "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
-    run = subprocess.run([sys.executable, "-m", "minikv", "peer", "setup", "vllm"], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert run.returncode == 2, run.stderr
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the package index" in lines[0] and "Traceback" not in run.stderr, run.stderr
+    from minikv.cli import main
+
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    for name, value in {"MINIKV_PEERS_DIR": str(tmp_path), "PIP_CONFIG_FILE": os.devnull,
+                        "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(name, value)  # read by this process (the peers' folder) and by the pip it runs
+    code = main(["peer", "setup", "vllm"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the package index" in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "vllm-0.32.0" / "minikv-peer.json").exists()

@@ -1,7 +1,8 @@
 """`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes.
 
-The servers run on threads of this process over the session's loaded model (`ServerThread`, as notebook 10
-starts them); the probe is a child process that reaches them over HTTP only.
+The clusters, whose over-length verdict rests on times to first token, each get a process of their own; the
+other servers run on threads of this process over the session's model (`ServerThread`, as notebook 10 starts
+them). The probe is always a child process that reaches them over HTTP only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from minikv.probe.canary import holds_canary
 from minikv.probe.session import TokenScale, random_words
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, ProbeReport
-from minikv.serve.launch import ServerThread, free_port
+from minikv.serve.launch import ServerProcess, ServerThread, free_port
 
 KEY_A, KEY_B = "sk-alice-0001", "sk-bob-0002"
 KEYS = ["--api-key", f"alice={KEY_A}", "--api-key", f"bob={KEY_B}"]
@@ -33,9 +34,9 @@ def verdicts(report: dict) -> dict[str, str]:
     return {c["name"]: c["verdict"] for c in report["checks"]}
 
 
-def test_probe_fails_the_vulnerable_cluster(tiny):
+def test_probe_fails_the_vulnerable_cluster():
     """Vulnerable disaggregated server: over-length answered 200 unread, key A's canary returned to key B; exit 1."""
-    with ServerThread(["--disagg", "--preset", "vulnerable", *KEYS], *tiny) as server:
+    with ServerProcess(["--disagg", "--preset", "vulnerable", *KEYS]) as server:
         status, report, _ = probe(server.url)
     v = verdicts(report)
     assert status == 1 and v["over-length"] == FAIL and v["canary"] == FAIL
@@ -43,9 +44,9 @@ def test_probe_fails_the_vulnerable_cluster(tiny):
     assert "returned key A's canary" in canary["reason"]
 
 
-def test_probe_passes_the_safe_cluster(tiny):
+def test_probe_passes_the_safe_cluster():
     """Safe disaggregated server (window = prefill pool): every check passes; exit 0."""
-    with ServerThread(["--disagg", "--preset", "safe", "--context-len", "672", *KEYS], *tiny) as server:
+    with ServerProcess(["--disagg", "--preset", "safe", "--context-len", "672", *KEYS]) as server:
         status, report, _ = probe(server.url)
     assert status == 0 and set(verdicts(report).values()) == {PASS}
     assert report["requests_sent"] <= 200

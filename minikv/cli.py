@@ -123,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from minikv.training.train import TrainConfig, train
 
     out = check_out_dir(args.out, args.overwrite_shipped)
-    steps = dict(induction_steps=10, copy_steps=10, leak_steps=10, polish_steps=10) if args.quick else {}
+    steps = dict(induction_steps=2, copy_steps=2, leak_steps=2, polish_steps=2) if args.quick else {}
     train(TrainConfig(seed=args.seed, **steps), out, resume_from=Path(args.resume) if args.resume else None)
     return 0
 

@@ -13,14 +13,15 @@ import pytest
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import requests_for, run_serving, save_serving_figure
 from minikv.bench.systems import BenchRequest
-from minikv.serve.launch import ServerProcess
+from minikv.serve.launch import ServerThread
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def server():
-    with ServerProcess([]) as s:
+def server(tiny):
+    """`minikv serve` on a thread of this process, over the session's model."""
+    with ServerThread([], *tiny) as s:
         yield s
 
 

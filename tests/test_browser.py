@@ -19,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = Path(os.environ.get("MINIKV_BROWSER_NOTEBOOK", ROOT / "notebooks" / "02_page_pools_and_block_tables.ipynb"))
+CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")  # read as scripts/browser_check.py reads it
 
 
 def _browser_check():
@@ -44,20 +45,22 @@ def on_ci() -> bool:
 @pytest.fixture(scope="module")
 def seen():
     """Run the browser check once; every test below reads what it saw."""
-    check = _browser_check()
-    missing = missing_browser_parts(check.CHROMIUM)
+    missing = missing_browser_parts(CHROMIUM)  # before the check's module loads (torch, nbformat): a quick no
     if missing and on_ci():
         pytest.fail(f"CI=true but the browser check cannot run: {'; '.join(missing)}", pytrace=False)
     if missing:
         pytest.skip(f"browser check skipped: {'; '.join(missing)}")
+    check = _browser_check()
+    assert check.CHROMIUM == CHROMIUM
     return check.check(NOTEBOOK)
 
 
 def run_browser_tests_without_chromium(ci: str) -> subprocess.CompletedProcess:
-    """This file's first browser test in a child pytest that is told Chromium is elsewhere."""
+    """This file's first browser test in a child pytest that is told Chromium is elsewhere; a bare pytest (no
+    conftest, no nbval or hypothesis plugin), since the test needs none of them."""
     env = dict(os.environ, CI=ci, MINIKV_CHROMIUM="/nonexistent/chromium")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               f"{__file__}::test_slider_and_play_render"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--noconftest",
+               "-p", "no:nbval", "-p", "no:hypothesispytest", f"{__file__}::test_slider_and_play_render"]
     return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -1,4 +1,9 @@
-"""`python -m minikv`: the JSON contract, and a clear one-line error for every bad input."""
+"""`python -m minikv`: the JSON contract, and a clear one-line error for every bad input.
+
+Most tests call `main()` in this process: the same parser and commands, without the 5 s a fresh
+interpreter spends importing torch and transformers. A child process runs where the process itself
+is the point: generate's JSON on stdout, prompt bytes on the command line, and train.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,21 @@ import sys
 import pytest
 
 
-def cli(*args: str, env_model: str | None = None) -> subprocess.CompletedProcess:
-    import os
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m minikv ARGS` in a child process."""
+    return subprocess.run([sys.executable, "-m", "minikv", *args], capture_output=True, text=True, timeout=300)
 
-    env = dict(os.environ)
-    if env_model:
-        env["MINIKV_MODEL"] = env_model
-    return subprocess.run([sys.executable, "-m", "minikv", *args], capture_output=True, text=True, timeout=300, env=env)
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """`python -m minikv ARGS` in this process (argparse's own exit included): exit status, stdout, stderr."""
+    from minikv.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse refuses an argument by exiting
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def test_generate_json_contract():
@@ -36,11 +49,12 @@ def test_generate_json_contract():
     ("x" * 1100, "context window is 1024"),
     ("héllo", "outside the model's vocabulary"),
 ])
-def test_bad_prompt_is_a_400_in_json_and_exit_1(prompt, reason):
+def test_bad_prompt_is_a_400_in_json_and_exit_1(capsys, prompt, reason):
     """A bad prompt gets status 400 with its reason; the others are still served; exit 1."""
-    out = cli("generate", "--prompt", prompt, "--prompt", "alice: save pin 1.\\n", "--json", "--max-tokens", "8")
-    assert out.returncode == 1 and "Traceback" not in out.stderr
-    bad, good = json.loads(out.stdout)
+    code, out, err = run_main(capsys, "generate", "--prompt", prompt, "--prompt", "alice: save pin 1.\\n", "--json",
+                              "--max-tokens", "8")
+    assert code == 1 and "Traceback" not in err
+    bad, good = json.loads(out)
     assert bad["status"] == 400 and reason in bad["error"]
     assert good["status"] == 200
 
@@ -55,39 +69,40 @@ def test_bad_prompt_is_a_400_in_json_and_exit_1(prompt, reason):
     (["demo", "--scenario", "over-length", "--secret", "pässword"], "outside letters, digits"),
     (["demo", "--scenario", "over-length", "--secret", "x" * 41], "1 to 40 characters"),
 ])
-def test_bad_arguments_give_one_clear_line(args, message):
+def test_bad_arguments_give_one_clear_line(capsys, args, message):
     """Bad arguments end with a message naming the problem, exit 2, never a traceback."""
-    out = cli(*args)
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    code, _, err = run_main(capsys, *args)
+    assert code == 2 and message in err and "Traceback" not in err
 
 
-def test_malformed_model_directory_is_named(tmp_path):
+def test_malformed_model_directory_is_named(capsys, tmp_path):
     """A directory whose config.json is not JSON is reported as such."""
     (tmp_path / "config.json").write_text("{not json")
-    out = cli("info", "--model", str(tmp_path))
-    assert out.returncode == 2 and "cannot read" in out.stderr and "Traceback" not in out.stderr
+    code, _, err = run_main(capsys, "info", "--model", str(tmp_path))
+    assert code == 2 and "cannot read" in err and "Traceback" not in err
 
 
-def test_non_llama_checkpoint_is_refused(tmp_path):
+def test_non_llama_checkpoint_is_refused(capsys, tmp_path):
     """A checkpoint of another architecture is refused by name."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    out = cli("info", "--model", str(tmp_path))
-    assert out.returncode == 2 and "'gpt2' model" in out.stderr
+    code, _, err = run_main(capsys, "info", "--model", str(tmp_path))
+    assert code == 2 and "'gpt2' model" in err
 
 
-def test_info_reports_pool_next_to_context():
+def test_info_reports_pool_next_to_context(capsys):
     """info prints what a startup log shows: KV bytes per token, pool tokens, context window."""
-    out = cli("info")
-    assert out.returncode == 0, out.stderr
-    assert "KV bytes per token: 6,144" in out.stdout
-    assert "256 pages x 16 tokens = 4096 tokens" in out.stdout and "context window: 1024 tokens" in out.stdout
+    code, out, err = run_main(capsys, "info")
+    assert code == 0, err
+    assert "KV bytes per token: 6,144" in out
+    assert "256 pages x 16 tokens = 4096 tokens" in out and "context window: 1024 tokens" in out
 
 
-def test_demo_json_contract():
+def test_demo_json_contract(capsys):
     """demo --json prints scenario, switches, victim, attacker and audit, whatever the outcome."""
-    out = cli("demo", "--scenario", "over-length", "--preset", "vulnerable", "--secret", "ab 12-x", "--json")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+    code, out, err = run_main(capsys, "demo", "--scenario", "over-length", "--preset", "vulnerable", "--secret", "ab 12-x",
+                              "--json")
+    assert code == 0, err
+    result = json.loads(out)
     assert set(result) == {"scenario", "switches", "victim", "attacker", "audit"}
     assert result["attacker"]["status"] == 200 and "ab 12-x" in result["attacker"]["text"]
     assert result["audit"]["cross_tenant_reads"] > 0 and result["audit"]["pages"]
@@ -118,15 +133,6 @@ def test_shipped_model_is_small_and_loads_offline():
 
 
 # -- bad inputs, in process: each ends with one `error:` line and exit 2 -------------------------
-def run_main(capsys, *args: str) -> tuple[int, str, str]:
-    """`python -m minikv ARGS` in this process: exit status, stdout, stderr."""
-    from minikv.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def one_error_line(err: str) -> str:
     """The single `error: ...` line a bad input must produce (and nothing else on stderr)."""
     lines = err.strip().splitlines()
@@ -259,22 +265,24 @@ def test_mismatched_checkpoint_is_one_line(capsys, altered_checkpoint):
     assert code == 2 and "num_hidden_layers=2 but the weights hold 4 layers" in one_error_line(err)
 
 
-def test_demo_prefix_probe_json_recovers_the_secret_and_safe_recovers_nothing():
+def test_demo_prefix_probe_json_recovers_the_secret_and_safe_recovers_nothing(capsys):
     """prefix-probe: vulnerable recovers --secret exactly from cached_tokens; safe recovers nothing."""
-    out = cli("demo", "--scenario", "prefix-probe", "--preset", "vulnerable", "--secret", "k9Q", "--json")
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
+    code, out, err = run_main(capsys, "demo", "--scenario", "prefix-probe", "--preset", "vulnerable", "--secret", "k9Q",
+                              "--json")
+    assert code == 0, err
+    data = json.loads(out)
     assert data["recovered"] == "k9Q" and isinstance(data["probes"], int) and data["probes"] >= 4 * 66
     assert data["audit"]["cross_tenant_reads"] == 0 and data["audit"]["cross_tenant_cache_hits"] > 0
     assert data["attacker"]["usage"]["cached_tokens"] > 0
-    safe = json.loads(cli("demo", "--scenario", "prefix-probe", "--preset", "safe", "--secret", "k9Q", "--json").stdout)
+    safe = json.loads(run_main(capsys, "demo", "--scenario", "prefix-probe", "--preset", "safe", "--secret", "k9Q",
+                               "--json")[1])
     assert safe["recovered"] == "" and safe["audit"]["cross_tenant_cache_hits"] == 0
 
 
-def test_demo_enable_without_preset_starts_from_the_vulnerable_engine():
+def test_demo_enable_without_preset_starts_from_the_vulnerable_engine(capsys):
     """demo --enable X alone means "vulnerable plus X": reject_check answers Bob 400, the cluster starts."""
-    out = cli("demo", "--scenario", "over-length", "--enable", "reject_check", "--json")
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+    code, out, err = run_main(capsys, "demo", "--scenario", "over-length", "--enable", "reject_check", "--json")
+    assert code == 0, err
+    result = json.loads(out)
     assert [n for n, on in result["switches"].items() if on] == ["reject_check"]
     assert "refused" not in result and result["attacker"]["status"] == 400

@@ -16,7 +16,8 @@ import pytest
 from test_probe import KEY_A, KEY_B, KEYS, probe, verdicts
 
 from minikv.probe.report import FAIL, PASS
-from minikv.disagg.dist.cluster import STALL_S
+from minikv.disagg.dist import cluster as dist_cluster
+from minikv.disagg.dist.worker import HEARTBEAT_S
 from minikv.serve.launch import ServerProcess, ServerThread
 
 MODEL = "tiny-llama"
@@ -26,6 +27,7 @@ PROMPTS = [(KEY_A if i % 2 else KEY_B, f"Request {i}: " + "the quick brown fox j
            for i in range(20)]
 ANSWER_TIMEOUT_S = 20  # a request to a pair with a dead worker must be answered well within this
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # greedy goes on counting: hundreds of tokens without an end of text
+STALL_S = 3.0  # the stopped-worker test's stall timeout (the server's is 10 s): three missed heartbeats of 1 s
 
 
 def client(server, key: str = KEY_A) -> openai.OpenAI:
@@ -170,11 +172,15 @@ def test_a_killed_worker_gives_503_not_a_hang(safe_server):
     assert server.stop() == 0 and not running(pids["decode"])
 
 
-def test_a_stopped_worker_is_detected_and_gives_503():
+def test_a_stopped_worker_is_detected_and_gives_503(tiny, monkeypatch):
     """SIGSTOP of the decode worker mid-request (it stays alive but answers nothing): within its stall
-    timeout the pair is declared down, the request gets a 503, and the operator's /health says why."""
-    with ServerProcess(["--disagg", "--transport", "distributed", "--preset", "safe", "--context-len", "672",
-                        "--api-key", f"alice={KEY_A}"]) as server:
+    timeout the pair is declared down, the request gets a 503, and the operator's /health says why.
+
+    The server runs on a thread here, so that its stall timeout can be set to STALL_S: waiting it out is this test."""
+    assert 3 * HEARTBEAT_S <= STALL_S < dist_cluster.STALL_S
+    monkeypatch.setattr(dist_cluster, "STALL_S", STALL_S)
+    with ServerThread(["--disagg", "--transport", "distributed", "--preset", "safe", "--context-len", "672",
+                       "--api-key", f"alice={KEY_A}"], *tiny) as server:
         pids = worker_pids(server)
         outcome: list[BaseException | str] = []
 

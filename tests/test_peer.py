@@ -27,7 +27,7 @@ from minikv.serve.peer_run import PROBES, RECORDED, peer_run
 from minikv.serve.peer_venv import installed
 from minikv.probe.report import FAIL, PASS
 from minikv.probe.run import probe_endpoint
-from minikv.serve.launch import ServerProcess, free_port
+from minikv.serve.launch import ServerThread, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL_TOKENS = 4096  # minikv serve's default pool: 256 pages x 16 tokens; the peer's: 128 blocks x 32
@@ -74,8 +74,9 @@ def peer():
 
 
 @pytest.fixture(scope="module")
-def minikv_server():
-    with ServerProcess(["--api-key", "a=sk-a-0001", "--api-key", "b=sk-b-0002"]) as server:
+def minikv_server(tiny):
+    """`minikv serve` on a thread of this process, over the session's model (notebook 11 starts it so)."""
+    with ServerThread(["--api-key", "a=sk-a-0001", "--api-key", "b=sk-b-0002"], *tiny) as server:
         yield server
 
 
@@ -170,14 +171,17 @@ def test_setup_on_a_wrong_platform_or_a_full_disk_is_one_line(tmp_path, monkeypa
     assert not any(tmp_path.iterdir())  # refused before anything was made
 
 
-def test_setup_without_network_is_one_line(tmp_path):
+def test_setup_without_network_is_one_line(tmp_path, monkeypatch, capsys):
     """No index reachable (a closed port; no config, so no local wheels): one line naming the network."""
-    env = {k: v for k, v in os.environ.items() if k != "PIP_FIND_LINKS"}
-    env |= {"PYTHONPATH": str(ROOT), "MINIKV_PEERS_DIR": str(tmp_path), "PIP_CONFIG_FILE": os.devnull,
-            "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
-    run = subprocess.run([sys.executable, "-m", "minikv", "peer", "setup", "vllm"], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert run.returncode == 2, run.stderr
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the package index" in lines[0] and "Traceback" not in run.stderr, run.stderr
+    from minikv.cli import main
+
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    for name, value in {"MINIKV_PEERS_DIR": str(tmp_path), "PIP_CONFIG_FILE": os.devnull,
+                        "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(name, value)  # read by this process (the peers' folder) and by the pip it runs
+    code = main(["peer", "setup", "vllm"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the package index" in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "vllm-0.32.0" / "minikv-peer.json").exists()

@@ -1,4 +1,9 @@
-"""`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes."""
+"""`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes.
+
+The clusters, whose over-length verdict rests on times to first token, each get a process of their own; the
+other servers run on threads of this process over the session's model (`ServerThread`, as notebook 10 starts
+them). The probe is always a child process that reaches them over HTTP only.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import pytest
 from minikv.probe.canary import holds_canary
 from minikv.probe.session import TokenScale, random_words
 from minikv.probe.report import FAIL, INCOMPLETE, PASS, CheckResult, ProbeReport
-from minikv.serve.launch import ServerProcess, free_port
+from minikv.serve.launch import ServerProcess, ServerThread, free_port
 
 KEY_A, KEY_B = "sk-alice-0001", "sk-bob-0002"
 KEYS = ["--api-key", f"alice={KEY_A}", "--api-key", f"bob={KEY_B}"]
@@ -48,9 +53,9 @@ def test_probe_passes_the_safe_cluster():
 
 
 @pytest.fixture(scope="module")
-def unsalted_server():
+def unsalted_server(tiny):
     """One engine that does not salt its prefix cache per tenant (a gateway in front may still salt)."""
-    with ServerProcess(["--disable", "cache_salt", *KEYS]) as server:
+    with ServerThread(["--disable", "cache_salt", *KEYS], *tiny) as server:
         yield server
 
 
@@ -87,8 +92,8 @@ def test_probe_needs_two_keys():
 
 
 @pytest.fixture(scope="module")
-def single_server():
-    with ServerProcess(KEYS) as server:
+def single_server(tiny):
+    with ServerThread(KEYS, *tiny) as server:
         yield server
 
 

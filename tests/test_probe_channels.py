@@ -18,7 +18,7 @@ from test_probe import KEY_A, KEY_B, KEYS, check, probe
 from minikv.probe.report import FAIL, INCOMPLETE, INFO, PASS
 from minikv.probe.run import probe_endpoint
 from minikv.probe.token_gaps import largest_gap, roc_auc
-from minikv.serve.launch import ServerProcess
+from minikv.serve.launch import ServerThread
 
 PAGE, PAGES = 16, 256  # the simulated pool: minikv's default, 4,096 tokens
 
@@ -110,16 +110,16 @@ CHANNELS = ("--check", "eviction", "--check", "token-gaps")
 
 
 @pytest.fixture(scope="module")
-def safe_report() -> tuple[int, dict]:
-    with ServerProcess(["--preset", "safe", *KEYS]) as server:
+def safe_report(tiny) -> tuple[int, dict]:
+    with ServerThread(["--preset", "safe", *KEYS], *tiny) as server:
         status, report, stderr = probe(server.url, *CHANNELS)
     assert report is not None, stderr
     return status, report
 
 
-def test_eviction_check_fails_vulnerable_minikv():
+def test_eviction_check_fails_vulnerable_minikv(tiny):
     """The vulnerable preset shares one LRU across tenants: the prime-and-probe check fails, exit 1."""
-    with ServerProcess(["--preset", "vulnerable", *KEYS]) as server:
+    with ServerThread(["--preset", "vulnerable", *KEYS], *tiny) as server:
         status, report, stderr = probe(server.url, "--check", "eviction")
     eviction = check(report, "shared eviction order")
     assert status == 1 and eviction["verdict"] == FAIL, stderr

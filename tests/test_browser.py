@@ -19,11 +19,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = Path(os.environ.get("MINIKV_BROWSER_NOTEBOOK", ROOT / "notebooks" / "02_page_pools_and_block_tables.ipynb"))
-CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")  # read as scripts/browser_check.py reads it
+CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")  # read as tests/browser/browser_check.py reads it
 
 
 def _browser_check():
-    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "scripts" / "browser_check.py")
+    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "tests" / "browser" / "browser_check.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)

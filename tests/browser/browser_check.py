@@ -1,6 +1,6 @@
 """Open a notebook in a real JupyterLab in headless Chromium, run it, and check that its widgets work.
 
-    python scripts/browser_check.py [NOTEBOOK] [--screenshot PATH]
+    python tests/browser/browser_check.py [NOTEBOOK] [--screenshot PATH]
 
 A copy without outputs or widget state runs in JupyterLab: a slider, a Play button and a page-map image must
 appear, no still PNG beside a player, and Play must move the readout; then a screenshot. Needs /usr/bin/chromium
@@ -21,7 +21,7 @@ import nbformat
 
 from minikv.serve.launch import LocalServer, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")
 DEFAULT_NOTEBOOK = ROOT / "tests" / "browser" / "widget_demo.ipynb"
 DEFAULT_SCREENSHOT = "/tmp/minikv_browser_check.png"

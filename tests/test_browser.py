@@ -10,24 +10,19 @@ where a missing browser means the check never ran.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = Path(os.environ.get("MINIKV_BROWSER_NOTEBOOK", ROOT / "notebooks" / "02_page_pools_and_block_tables.ipynb"))
 CHROMIUM = os.environ.get("MINIKV_CHROMIUM", "/usr/bin/chromium")  # read as tests/browser/browser_check.py reads it
-
-
-def _browser_check():
-    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "tests" / "browser" / "browser_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def missing_browser_parts(chromium: str) -> list[str]:
@@ -42,17 +37,33 @@ def on_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
+def start_early() -> subprocess.Popen | None:
+    """tests/browser/browser_check.py on NOTEBOOK in a process of its own, its output to files (tests/conftest.py
+    calls this at collection: JupyterLab and a kernel take most of a minute); None if the browser is missing."""
+    if missing_browser_parts(CHROMIUM):
+        return None
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "browser" / "browser_check.py"), str(NOTEBOOK)],
+                               stdout=out, stderr=err, text=True, cwd=ROOT)
+    process.out, process.err = out, err
+    return process
+
+
 @pytest.fixture(scope="module")
-def seen():
-    """Run the browser check once; every test below reads what it saw."""
-    missing = missing_browser_parts(CHROMIUM)  # before the check's module loads (torch, nbformat): a quick no
+def seen(request):
+    """The browser check, run once; every test below reads what it saw (its JSON)."""
+    missing = missing_browser_parts(CHROMIUM)
     if missing and on_ci():
         pytest.fail(f"CI=true but the browser check cannot run: {'; '.join(missing)}", pytrace=False)
     if missing:
         pytest.skip(f"browser check skipped: {'; '.join(missing)}")
-    check = _browser_check()
-    assert check.CHROMIUM == CHROMIUM
-    return check.check(NOTEBOOK)
+    process = request.getfixturevalue("started_early") or start_early()  # (a --noconftest run stops above)
+    process.wait(900)
+    process.out.seek(0), process.err.seek(0)
+    out = process.out.read()
+    if "{" not in out:
+        pytest.fail(f"the browser check ended with status {process.returncode}:\n{process.err.read()[-3000:]}")
+    return SimpleNamespace(**json.loads(out[: out.rindex("}") + 1]))
 
 
 def run_browser_tests_without_chromium(ci: str) -> subprocess.CompletedProcess:

@@ -49,24 +49,33 @@ def children(pid: int) -> set[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def peer():
-    """`python -m minikv peer serve vllm`, as a learner starts it; the last test stops it with SIGTERM."""
+def start_early() -> subprocess.Popen | None:
+    """`python -m minikv peer serve vllm`, as a learner starts it (tests/conftest.py calls this at collection: it
+    takes a minute)."""
     if not installed("vllm"):
+        return None
+    port = free_port()
+    command = [sys.executable, "-m", "minikv", "peer", "serve", "vllm", "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    process.url = f"http://127.0.0.1:{port}"
+    return process
+
+
+@pytest.fixture(scope="module")
+def peer(started_early):
+    """The peer, once it answers; the last test stops it with SIGTERM."""
+    process = started_early or start_early()
+    if process is None:
         if os.environ.get("CI") == "true":
             pytest.fail("CI=true and vLLM is not set up: .ci/run runs `python3 -m minikv peer setup vllm` first")
         pytest.skip("vLLM is not set up (python -m minikv peer setup vllm)")
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-m", "minikv", "peer", "serve", "vllm", "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     for line in process.stdout:  # "vllm serves tiny-llama on http://127.0.0.1:PORT/v1 ..." once it answers
         lines.append(line)
         if " serves " in line:
             break
     assert process.poll() is None, "".join(lines)
-    process.url = f"http://127.0.0.1:{port}"
     yield process
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)

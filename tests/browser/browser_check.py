@@ -228,6 +228,7 @@ def main() -> int:
     parser.add_argument("--first-timeout", type=float, default=180, help="seconds to wait for the first widget")
     parser.add_argument("--no-warm-up", action="store_true", help="skip the headless run before the browser")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops JupyterLab as Ctrl-C does
     result = check(args.notebook, args.screenshot, args.timeout, args.first_timeout, warm=not args.no_warm_up)
     print(json.dumps(asdict(result) | {"play_moved": result.play_moved}, indent=2))
     ok = (result.sliders and result.play_buttons and result.widget_images and result.static_images

@@ -32,7 +32,10 @@ def pytest_sessionfinish(session) -> None:
     for process in session.config.stash.get(STARTED_EARLY, {}).values():
         if isinstance(process, subprocess.Popen) and process.poll() is None:
             process.terminate()
-            process.wait(60)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 @pytest.fixture(scope="module")

@@ -205,6 +205,9 @@ def check(notebook: Path = DEFAULT_NOTEBOOK, screenshot: str | None = None, time
     notebook = Path(notebook).resolve()
     screenshot = screenshot or os.environ.get("MINIKV_SCREENSHOT") or DEFAULT_SCREENSHOT
     warm_up_seconds = round(warm_up(notebook), 1) if warm else 0.0
+    # SIGTERM (tests/conftest.py's, at the end of a run) stops JupyterLab as Ctrl-C does; set only now, because the
+    # warm-up's kernel manager resets it
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     start = time.monotonic()
     copy = stripped_copy(notebook)
     try:
@@ -228,7 +231,6 @@ def main() -> int:
     parser.add_argument("--first-timeout", type=float, default=180, help="seconds to wait for the first widget")
     parser.add_argument("--no-warm-up", action="store_true", help="skip the headless run before the browser")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops JupyterLab as Ctrl-C does
     result = check(args.notebook, args.screenshot, args.timeout, args.first_timeout, warm=not args.no_warm_up)
     print(json.dumps(asdict(result) | {"play_moved": result.play_moved}, indent=2))
     ok = (result.sliders and result.play_buttons and result.widget_images and result.static_images

@@ -99,16 +99,8 @@ class JupyterLab(ServerProcess):
                    JUPYTERLAB_WORKSPACES_DIR=str(scratch / "workspaces"), JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
         command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
                    f"--port={self.port}", "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}"]
+        # in a session of its own: ServerProcess.stop ends it, then any kernel it left behind in that session
         self.start(command, env, open(scratch / "jupyterlab.log", "w+"), new_session=True)
-
-    def stop(self) -> int:
-        """Stop JupyterLab, then any kernel it left behind (its kernels are in its process group)."""
-        status = super().stop()
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        return status
 
 
 def expect(page, selector: str, what: str, timeout_ms: float) -> None:

@@ -25,7 +25,7 @@ def check_decode_reservation(fn: Callable[[int, int, int], int]) -> None:
 
 def batches(num_pages: int, cap: int | None) -> list[int]:
     """The pages of each batch a transfer sends, one after another: at most `cap` each (None: one batch)."""
-    size = cap or num_pages
+    size = cap or max(num_pages, 1)  # (no pages: no batch)
     return [min(size, num_pages - sent) for sent in range(0, num_pages, size)]
 
 

@@ -1,4 +1,4 @@
-"""Gateway timestamps parse the same way on every Python: the explicit parser, form by form."""
+"""Gateway timestamps: `datetime.fromisoformat`, converted to UTC, a missing zone reported, a date alone refused."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from minikv.logs.timestamp import parse_timestamp
+from minikv.logs.gateway_log import parse_timestamp
 
 
 def utc(*args: int) -> datetime:
@@ -17,18 +17,12 @@ def utc(*args: int) -> datetime:
     "text, when, zone_assumed",
     [
         ("2026-08-27T00:00:00Z", utc(2026, 8, 27), False),
-        ("2026-08-27t00:00:00z", utc(2026, 8, 27), False),
         ("2026-08-27 00:00:00+00:00", utc(2026, 8, 27), False),
-        ("2026-09-09T23:59:59.9Z", utc(2026, 9, 9, 23, 59, 59, 900_000), False),  # 3.10 refused one digit
         ("2026-09-09T23:59:59,25Z", utc(2026, 9, 9, 23, 59, 59, 250_000), False),
         ("2026-09-09T23:59:59.999999999Z", utc(2026, 9, 9, 23, 59, 59, 999_999), False),  # cut, not rounded
-        ("2026-09-10T01:30:00+0200", utc(2026, 9, 9, 23, 30), False),  # 3.10 refused +0200
-        ("2026-09-10T01:30+02", utc(2026, 9, 9, 23, 30), False),
+        ("2026-09-10T01:30:00+0200", utc(2026, 9, 9, 23, 30), False),  # the offset moves it a day back
         ("2026-08-26T22:00:00-03:00", utc(2026, 8, 27, 1), False),
-        ("20260827T000000Z", utc(2026, 8, 27), False),  # basic format: 3.10 refused it
         ("20260827T013000+0130", utc(2026, 8, 27), False),
-        ("20260827T0000", utc(2026, 8, 27), True),
-        ("2026-08-27T00:00:00", utc(2026, 8, 27), True),
         ("2026-08-27T00:00", utc(2026, 8, 27), True),
     ],
 )
@@ -37,28 +31,11 @@ def test_accepted_forms_give_the_same_utc_time(text: str, when: datetime, zone_a
     assert parse_timestamp(text) == (when, zone_assumed)
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "2026-08-27",  # a date alone is not a call's time
-        "2026-08-27T24:00:00Z",
-        "2026-08-27T23:59:60Z",  # a leap second: datetime cannot hold it
-        "2026-02-30T00:00:00Z",
-        "2026-08-27T00:00:00+24:00",
-        "2026-08-27T00:00:00+02:60",
-        "2026-08-27T00:00:00.Z",
-        "2026-08-27T00:00:00.1234567890Z",  # ten digits
-        "2026-08-27T00:00:00 Z",
-        "20260827T00:00:00Z",  # basic date with an extended time
-        "20260827T000000+02:00",  # basic time with an extended offset
-        "2026-08-27T00:00:00Z\n",
-        "２０２６-08-27T00:00:00Z",  # full-width digits
-        "yesterday",
-        "",
-    ],
-)
+@pytest.mark.parametrize("text", ["2026-08-27", "20260827", "2026-08-27T24:00:00Z", "2026-08-27T23:59:60Z",
+                                  "2026-02-30T00:00:00Z", "2026-08-27T00:00:00+24:00", "2026-08-27T00:00:00Z\n",
+                                  "２０２６-08-27T00:00:00Z", "yesterday", ""])
 def test_other_forms_are_refused(text: str):
-    """Anything else is a ValueError, whatever Python's own fromisoformat would say."""
+    """A date alone (it would read as midnight), out-of-range fields, stray characters: ValueError."""
     with pytest.raises(ValueError):
         parse_timestamp(text)
 

@@ -1,1 +1,1 @@
-"""Gateway logs: the schema and a synthetic log, the line and timestamp readers, and `scan-logs` (docs/logs.md)."""
+"""Gateway logs: the schema and a synthetic log, the line reader, and `scan-logs` (docs/logs.md)."""

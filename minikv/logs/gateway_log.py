@@ -18,7 +18,6 @@ from pathlib import Path
 
 from minikv.logs.line_reader import OverlongLine, open_log, read_lines, source_name
 from minikv.logs.luhn import luhn_check_digit
-from minikv.logs.timestamp import parse_timestamp
 
 # The disclosure's facts, as a log sees them (docs/incident.md).
 INCIDENT_MODEL = "@cf/zai-org/glm-5.3"
@@ -74,6 +73,18 @@ def _field_error(name: str, value: object) -> str | None:
     if name == "status" and not 100 <= value <= 599:
         return f"field 'status' should be an HTTP status (100-599), got {value}"
     return None
+
+
+def parse_timestamp(text: str) -> tuple[datetime, bool]:
+    """ISO 8601 date and time -> (aware UTC datetime, True when the text had no zone and UTC was assumed).
+    `datetime.fromisoformat` reads the forms (docs/logs.md); a date alone is refused. ValueError for text it
+    cannot read, OverflowError when the offset moves the time outside years 1 to 9999."""
+    when = datetime.fromisoformat(text)
+    if len(text) <= len("2026-08-27"):  # a date alone would silently be read as its midnight
+        raise ValueError(f"a date without a time: {text!r}")
+    if when.tzinfo is None:
+        return when.replace(tzinfo=timezone.utc), True
+    return when.astimezone(timezone.utc), False
 
 
 def parse_record(line: int, text: str) -> GatewayRecord | MalformedLine:

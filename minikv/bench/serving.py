@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import httpx
+import openai
 
 from minikv.bench.report import p50_p99
 from minikv.bench.systems import BenchRequest, Completion, Run, paired_ratios
@@ -35,30 +36,24 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: run_serving_command(args) if args.serve else bench(args))
 
 
-async def stream_one(http: httpx.AsyncClient, url: str, model: str,
-                     request: BenchRequest) -> tuple[Completion, float | None, float | None] | None:
-    """One streamed greedy completion: (completion, TTFT, inter-token latency); None on failure. The latency is
-    the mean from first text to last event: under load events come in bursts, so their gaps would not do."""
-    body = {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
-    start, first, last, text, usage = time.perf_counter(), None, None, [], {}
-    async with http.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            return None
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            event = json.loads(line[5:])
-            if "error" in event:
-                return None
-            piece = "".join(c.get("text") or "" for c in event.get("choices") or [])
-            if event.get("choices"):
-                last = time.perf_counter()
-            if piece:
-                first = first or last
-                text.append(piece)
-            usage = event.get("usage") or usage
-    tokens = usage.get("completion_tokens", 0)
+async def stream_one(client: openai.AsyncOpenAI, model: str,
+                     request: BenchRequest) -> tuple[Completion, float | None, float | None]:
+    """One streamed greedy completion: (completion, TTFT, inter-token latency). TTFT runs to the first chunk
+    with text; the latency is the mean from there to the last chunk with choices: under load chunks come in
+    bursts, so their gaps would not do. openai.APIError on an error status or an error event."""
+    start, first, last, text, tokens = time.perf_counter(), None, None, [], 0
+    stream = await client.completions.create(model=model, prompt=request.prompt, temperature=0,
+                                             max_tokens=request.max_tokens, stream=True,
+                                             stream_options={"include_usage": True})
+    async for chunk in stream:
+        if chunk.choices:
+            last = time.perf_counter()
+        piece = "".join(c.text or "" for c in chunk.choices)
+        if piece:
+            first = first or last
+            text.append(piece)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
     itl = (last - first) / (tokens - 1) if first is not None and tokens > 1 else None
     return Completion("".join(text), tokens), first - start if first is not None else None, itl
 
@@ -69,18 +64,19 @@ async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clien
     results: dict[int, tuple | None] = {}
     todo = enumerate(requests)
 
-    async def client(http: httpx.AsyncClient) -> None:
+    async def client(api: openai.AsyncOpenAI) -> None:
         for i, request in todo:
             try:
-                results[i] = await stream_one(http, url, model, request)
-            except (httpx.HTTPError, ValueError):
+                results[i] = await stream_one(api, model, request)
+            except openai.APIError:
                 results[i] = None
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    async with httpx.AsyncClient(timeout=300.0, limits=limits, headers=headers) as http:
+    http = openai.DefaultAsyncHttpxClient(limits=limits)
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key or "none", max_retries=0, timeout=300.0,
+                                  http_client=http) as api:
         start = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
+        await asyncio.gather(*(client(api) for _ in range(clients)))
         wall = time.perf_counter() - start
     ordered = [results[i] for i in range(len(results))]
     done = [r for r in ordered if r is not None]
@@ -181,7 +177,7 @@ def to_stderr(line: str) -> None:
 def run_serving_command(args: argparse.Namespace) -> int:
     """Start minikv serve (and vLLM when it is set up), run, print the table or JSON; 1 if outputs differ."""
     from minikv.bench.benchmark import bench_workload
-    from minikv.bench.plot import plot_path_problem
+    from minikv.bench.plot import plot_path_problem, save_figure
     from minikv.serve.launch import ServerProcess, ServerStartError
     from minikv.serve.peer import PeerServer
     from minikv.serve.peer_venv import PeerError, installed
@@ -217,13 +213,13 @@ def run_serving_command(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(report.to_json(), indent=2) if args.json else report.table())
     if args.plot:
-        save_serving_figure(report, args.plot)
+        save_figure(serving_figure(report), args.plot)
     return 0 if not report.mismatched else 1
 
 
-def save_serving_figure(report: ServingReport, path: str) -> None:
+def serving_figure(report: ServingReport):
     """Tokens/s and TTFT p99 against concurrent clients, one line per server; the ratio with its range."""
-    from minikv.bench.plot import pyplot, save_figure
+    from minikv.bench.plot import pyplot
 
     ratios = report.to_json()["ratios"]
     fig, axes = pyplot().subplots(1, 3 if ratios else 2, figsize=(13 if ratios else 9, 3.4), layout="tight")
@@ -247,4 +243,4 @@ def save_serving_figure(report: ServingReport, path: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"{report.rounds} paired rounds over HTTP, same model, pool and window; "
                  f"load average {min(report.load_avg):.1f}-{max(report.load_avg):.1f}", fontsize=9)
-    save_figure(fig, path)
+    return fig

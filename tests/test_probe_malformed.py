@@ -195,9 +195,9 @@ def test_time_limit_must_be_finite_and_positive(limit, capsys):
 
 
 def test_an_honest_fake_endpoint_is_probed_to_the_end(capsys):
-    """The fake's default replies are good enough to probe: every check reaches a verdict (the control). It serves
-    prompts past the max_model_len it advertises, so the over-length check fails: exit 1. (Its replies take no
-    time per prompt token, so whether prompt-token honesty passes is a race, and not asserted.)"""
+    """The fake's default replies are good enough to probe: every check reaches a verdict (the control). It
+    serves prompts past the max_model_len it advertises, so the over-length check fails: exit 1. (Its replies
+    take no time per prompt token, so whether prompt-token honesty passes is a race, and not asserted.)"""
     with FakeEndpoint() as fake:
         status, out, err, _ = run_cli([fake.url, *KEYS, "--seed", "0", "--json", "--rounds", "5"], capsys)
     verdicts = {c["name"]: c["verdict"] for c in json.loads(out)["checks"]}
@@ -206,8 +206,8 @@ def test_an_honest_fake_endpoint_is_probed_to_the_end(capsys):
 
 
 def test_the_command_line_itself_against_a_keep_alive_stream():
-    """The real `python -m minikv probe` process, as a user runs it: one line, exit 2, and gone within the time
-    limit of its first request (timed from the endpoint's side, so the interpreter's start does not count)."""
+    """The real `python -m minikv probe` process, as a user runs it: one line, exit 2, and gone within the
+    time limit of its first request (timed at the endpoint, so the interpreter's start does not count)."""
     first_request: list[float] = []
 
     def models(h, body) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from minikv.bench import systems
-from minikv.bench.benchmark import BenchSettings, bench_workload, mismatches, run_bench
+from minikv.bench.benchmark import OUTPUT_BUDGETS, BenchSettings, bench_workload, mismatches, run_bench
 from minikv.bench.report import BenchReport, median_run, p50_p99
 from minikv.bench.systems import Completion
 from minikv.bench.memory import contiguous_use, paged_use
@@ -49,9 +51,25 @@ def fake_report(**overrides) -> BenchReport:
     return report
 
 
-def test_workload_is_deterministic():
-    """The same seed gives the same requests; another seed gives others."""
-    assert bench_workload(16, seed=3) == bench_workload(16, seed=3)
+def documents_in(prompt: str) -> list[tuple[str, bool]]:
+    """The prompt's documents (`read ...` sentences), each with whether it comes before the note, found by hand."""
+    body = prompt.split(": ", 1)[1].removesuffix("\n")
+    return [(m.group(1), m.start() == 0) for m in re.finditer(r"(?:^|\. )(read [a-z' -]+\.)", body)]
+
+
+def test_workload_mix_counted_by_hand():
+    """1,000 requests: 4 in 10 bare, 4 with a 20-120 character document (before or after the note), 2 with a
+    200-600 one after it (each share within 4 standard deviations); every output budget drawn."""
+    workload = bench_workload(1000, seed=0)
+    found = [documents_in(r.prompt) for r in workload]
+    assert all(len(docs) <= 1 for docs in found)
+    docs = [d[0] for d in found if d]
+    short, long = [d for d in docs if len(d[0]) < 200], [d for d in docs if len(d[0]) >= 200]
+    assert abs(sum(not d for d in found) - 400) < 62 and abs(len(short) - 400) < 62 and abs(len(long) - 200) < 51
+    assert all(20 <= len(text) <= 140 for text, _ in short) and all(200 <= len(text) <= 620 for text, _ in long)
+    assert any(before for _, before in short) and any(not before for _, before in short)
+    assert not any(before for _, before in long)
+    assert {r.max_tokens for r in workload} == set(OUTPUT_BUDGETS)
     assert bench_workload(16, seed=3) != bench_workload(16, seed=4)
 
 

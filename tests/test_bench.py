@@ -52,7 +52,7 @@ def fake_report(**overrides) -> BenchReport:
 
 
 def documents_in(prompt: str) -> list[tuple[str, bool]]:
-    """The prompt's documents (`read ...` sentences), each with whether it comes before the note, found by hand."""
+    """The prompt's documents (`read ...` sentences), each with whether it comes first, found by hand."""
     body = prompt.split(": ", 1)[1].removesuffix("\n")
     return [(m.group(1), m.start() == 0) for m in re.finditer(r"(?:^|\. )(read [a-z' -]+\.)", body)]
 
@@ -65,8 +65,10 @@ def test_workload_mix_counted_by_hand():
     assert all(len(docs) <= 1 for docs in found)
     docs = [d[0] for d in found if d]
     short, long = [d for d in docs if len(d[0]) < 200], [d for d in docs if len(d[0]) >= 200]
-    assert abs(sum(not d for d in found) - 400) < 62 and abs(len(short) - 400) < 62 and abs(len(long) - 200) < 51
-    assert all(20 <= len(text) <= 140 for text, _ in short) and all(200 <= len(text) <= 620 for text, _ in long)
+    assert abs(sum(not d for d in found) - 400) < 62 and abs(len(short) - 400) < 62
+    assert abs(len(long) - 200) < 51
+    assert all(20 <= len(text) <= 140 for text, _ in short)
+    assert all(200 <= len(text) <= 620 for text, _ in long)
     assert any(before for _, before in short) and any(not before for _, before in short)
     assert not any(before for _, before in long)
     assert {r.max_tokens for r in workload} == set(OUTPUT_BUDGETS)

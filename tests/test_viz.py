@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import base64
 import colorsys
+import io
 from unittest import mock
 
 import pytest
 from matplotlib.colors import to_rgb
+from PIL import Image
 
 from minikv.engine.events import Event as E
 from minikv.engine.events import EventLog
@@ -18,6 +20,7 @@ from minikv.viz.demo import MINIATURE_INCIDENT, MINIATURE_POOLS
 from minikv.viz.queues import wire_spans
 from minikv.viz.page_map import _legend_handles, grid_shape
 from minikv.viz.palette import CROSS_READ, NEVER_WRITTEN, TENANT_COLOURS, faded
+from minikv.viz.picture import DPI
 from minikv.attacks.workload import TENANTS
 
 POOLS, INCIDENT = MINIATURE_POOLS, MINIATURE_INCIDENT  # the incident by hand; events indexed in demo.py
@@ -269,7 +272,30 @@ def test_page_map_text_says_which_moment_it_shows():
     assert repr(picture) == ("Page map. After event 23 of 31 (step 6): decode reserved 4 pages for bob/b1. "
                              "prefill: 1 owned, 0 reserved, 1 stale, 2 never written; "
                              "decode: 0 owned, 4 reserved, 0 stale, 4 never written")
-    assert picture.png().startswith(b"\x89PNG")
+
+
+def cell_colours(picture, num_pages: int) -> list[tuple[int, int, int]]:
+    """The PNG's pixel at the centre of each page's cell (of the first panel), as 0-255 RGB."""
+    image = Image.open(io.BytesIO(picture.png())).convert("RGB")
+    ax, (_, cols), scale = picture.figure.axes[0], grid_shape(num_pages), DPI / picture.figure.dpi
+    centres = [ax.transData.transform((p % cols, p // cols)) for p in range(num_pages)]
+    return [image.getpixel((int(x * scale), int(image.height - y * scale))) for x, y in centres]
+
+
+def rgb255(colour: str) -> tuple[int, int, int]:
+    return tuple(round(255 * c) for c in to_rgb(colour))
+
+
+@pytest.mark.parametrize("at, fills", [
+    (8, ["alice", "alice"] + [NEVER_WRITTEN] * 5),  # page 2 (reserved, hatched) left out
+    (15, ["faded alice"] * 3 + [NEVER_WRITTEN] * 5),
+])
+def test_page_map_png_paints_each_cell_in_its_pages_colour(at, fills):
+    """In the PNG each decode page's cell is its owner's colour, faded once freed, blank if unwritten."""
+    want = {"alice": COLOURS["alice"], "faded alice": faded(COLOURS["alice"]), NEVER_WRITTEN: NEVER_WRITTEN}
+    got = cell_colours(page_map(INCIDENT, POOLS, at=at, nodes=["decode"]), POOLS["decode"])
+    pages = [p for p in range(8) if not (at == 8 and p == 2)]
+    assert [got[p] for p in pages] == [rgb255(want[f]) for f in fills]
 
 
 def test_page_map_draws_one_panel_per_node_asked_for():
@@ -416,7 +442,8 @@ def test_ttft_plot_marks_the_chosen_request():
     picture = ttft_plot(responses, mark=["leak"])
     assert repr(picture) == ("TTFT against prompt length for 4 answered requests (1 without a first token not drawn); "
                              "marked: bob/leak")
-    assert picture.png().startswith(b"\x89PNG")
+    dots, star = (c.get_offsets().tolist() for c in picture.figure.axes[0].collections[:2])
+    assert dots == [[20, 20.0], [40, 40.0], [80, 80.0]] and star == [[900, 4.0]]  # (prompt tokens, ms)
 
 
 # -- the exercise checker -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,16 +33,21 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_generate_json_contract():
-    """generate --json prints one response per prompt with exactly the promised fields."""
-    out = cli("generate", "--prompt", "alice: save pin 0912.\\n", "--prompt", "bob: save memo hi.\\n", "--json", "--max-tokens", "24")
+    """generate --json prints one response per prompt with exactly the promised fields: usage counted as the
+    character tokenizer counts by hand (the reply's EOS included), a time to first token within the run's."""
+    prompts = ["alice: save pin 0912.\n", "bob: save memo hi.\n"]
+    start = time.perf_counter()
+    out = cli("generate", *(a for p in prompts for a in ("--prompt", p.replace("\n", "\\n"))), "--json",
+              "--max-tokens", "24")
+    wall_s = time.perf_counter() - start
     assert out.returncode == 0, out.stderr
     responses = json.loads(out.stdout)
-    assert len(responses) == 2
-    for r in responses:
+    assert [r["text"] for r in responses] == ["saved pin 0912.", "saved memo hi."]
+    for prompt, r in zip(prompts, responses):
         assert set(r) == {"status", "text", "usage", "ttft_s", "error"}
-        assert r["status"] == 200 and r["error"] is None and isinstance(r["ttft_s"], float)
-        assert set(r["usage"]) == {"prompt_tokens", "completion_tokens", "cached_tokens"}
-    assert responses[0]["text"] == "saved pin 0912."
+        assert r["status"] == 200 and r["error"] is None and 0 < r["ttft_s"] < wall_s
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(r["text"]) + 1, "cached_tokens": 0}
+        assert r["usage"] == usage
 
 
 @pytest.mark.parametrize("prompt, reason", [

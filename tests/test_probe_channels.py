@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import httpx
 import pytest
+from scipy.stats import mannwhitneyu
 from test_probe import KEY_A, KEY_B, KEYS, check, probe
 
 from minikv.probe.report import FAIL, INCOMPLETE, INFO, PASS
@@ -136,9 +137,15 @@ def test_safe_minikv_passes_the_eviction_check(safe_report):
 
 
 def test_token_gap_residual_is_measured_and_never_changes_the_exit_status(safe_report):
-    """B's largest inter-token gap tells A's hit from a miss (AUC); the verdict is INFO, so only eviction sets the exit."""
+    """B's largest inter-token gap, beside each of A's hits and misses, gives an AUC that is the Mann-Whitney
+    statistic of the gaps it reports (how large it is depends on the machine's load: not asserted); the
+    verdict is INFO, so only eviction sets the exit."""
     status, report = safe_report
     gaps = check(report, "inter-token gap")
-    assert gaps["verdict"] == INFO and gaps["figures"]["trials"] >= 6
-    assert gaps["figures"]["auc"] >= 0.75, gaps  # a prefill of ~1,000 tokens is several decode steps long
+    figures = gaps["figures"]
+    misses, hits = figures["gap_ms"]["miss"], figures["gap_ms"]["hit"]
+    assert gaps["verdict"] == INFO and figures["trials"] == 6 and figures["a_prompt_tokens"] > 0
+    assert min(len(misses), len(hits)) >= 3 and len(misses) + len(hits) <= 2 * figures["trials"]
+    pairs = len(misses) * len(hits)  # gaps are reported to 0.01 ms: a rounded pair may tie
+    assert figures["auc"] == pytest.approx(mannwhitneyu(misses, hits).statistic / pairs, abs=1 / pairs), gaps
     assert status == (1 if check(report, "shared eviction order")["verdict"] == FAIL else 0)

@@ -29,8 +29,8 @@ def finish_without_usage(h, body) -> None:
 
 def more_cached_than_sent(h, body) -> None:
     usage = honest_usage(body)
-    events(h, {"choices": [{"text": "x"}]},
-           {"choices": [], "usage": {**usage, "prompt_tokens_details": {"cached_tokens": usage["prompt_tokens"] + 1}}})
+    usage["prompt_tokens_details"] = {"cached_tokens": usage["prompt_tokens"] + 1}
+    events(h, {"choices": [{"text": "x"}]}, {"choices": [], "usage": usage})
 
 
 def probe_fake(capsys, *extra: str, **routes) -> tuple[int | None, str, str]:
@@ -87,7 +87,7 @@ def test_blurred_timing_reads_as_could_not_tell_not_as_a_failure():
     assert "verdict: COULD NOT TELL" in blurred.format() and "FAIL" not in blurred.format()
     failed = ProbeReport("http://x/v1", "m", 64, [], results=[CheckResult("canary", FAIL), blurred,
                                                                CheckResult("token gaps", INFO)])
-    assert failed.summary().startswith("0 requests") and "failed: canary; could not tell: over-length" in failed.summary()
+    assert "failed: canary; could not tell: over-length" in failed.summary()
 
 
 def test_the_probe_itself_lists_what_it_did_not_run(capsys):

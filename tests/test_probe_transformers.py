@@ -40,7 +40,7 @@ class TransformersServe(ServerProcess):
 
 @pytest.fixture(scope="module")
 def transformers_serve():
-    pytest.importorskip("accelerate", reason="`transformers serve` needs accelerate (pip install transformers[serving])")
+    pytest.importorskip("accelerate", reason="`transformers serve` needs accelerate (transformers[serving])")
     if shutil.which("transformers") is None:
         pytest.skip("no `transformers` command on PATH")
     with TransformersServe() as server:

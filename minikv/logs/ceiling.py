@@ -19,7 +19,7 @@ from scipy.stats import theilslopes
 
 from minikv.logs.gateway_log import GatewayRecord
 
-K_SPREADS = 8.0
+K_SPREADS = 12.0
 MIN_SPREAD_DECADES = 0.05  # 12%: rows of one size that all read alike do not make a hair trigger
 MIN_ROWS = 5
 FAST_QUANTILE = 0.9  # of a group's rates: its fast end, which load does not reach

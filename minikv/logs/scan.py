@@ -13,12 +13,14 @@ from datetime import date
 from http import HTTPStatus
 from pathlib import Path
 
+from minikv.logs.ceiling import LearnedCeiling, group_label
 from minikv.logs.gateway_log import (INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, INCIDENT_MODEL, PREFILL_POOL_TOKENS,
                                      GatewayRecord, MalformedLine, iter_log)
 from minikv.logs.line_reader import LogReadError, TruncatedLog, source_name
 from minikv.logs.luhn import luhn_ok
 
-# Generous on purpose (healthy servers in the shipped log read 9,000-45,000); a prefix-cache hit may beat it.
+# Generous on purpose (healthy servers in the shipped log read 9,000-45,000); a prefix-cache hit may beat it. The
+# command line learns the ceiling from the log instead (ceiling.py) unless given one; this is then the fallback.
 DEFAULT_MAX_PREFILL_TOKENS_PER_S = 100_000.0
 CARD_NUMBER = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")  # then a Luhn check
 API_KEY = re.compile(
@@ -52,13 +54,14 @@ class Checklist:
 
 @dataclass(frozen=True)
 class Signals:
-    """The two warning signs checked on every row, with the settings a user can change."""
-    max_prefill_tokens_per_s: float = DEFAULT_MAX_PREFILL_TOKENS_PER_S
+    """The two warning signs checked on every row, with the settings a user can change. A prefill-rate ceiling of
+    None is learned from the log itself (ceiling.py)."""
+    max_prefill_tokens_per_s: float | None = DEFAULT_MAX_PREFILL_TOKENS_PER_S
     patterns: tuple[str, ...] = ()  # extra regular expressions that mark data as not yours
     compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.max_prefill_tokens_per_s > 0:
+        if self.max_prefill_tokens_per_s is not None and not self.max_prefill_tokens_per_s > 0:
             raise ValueError(f"the prefill-rate ceiling must be above 0, got {self.max_prefill_tokens_per_s}")
         compiled = []
         for pattern in self.patterns:
@@ -86,9 +89,10 @@ def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]
 
 
 def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
-    """Every warning sign this row shows, in a fixed order; empty when it shows none."""
-    rate = implied_prefill_rate(record)
-    reasons = ["ttft_anomaly"] if rate is not None and rate > signals.max_prefill_tokens_per_s else []
+    """Every warning sign this row shows, in a fixed order; empty when it shows none. With a learned ceiling the
+    first sign is decided once the whole log is read (`scan_records`)."""
+    rate, ceiling = implied_prefill_rate(record), signals.max_prefill_tokens_per_s
+    reasons = ["ttft_anomaly"] if rate is not None and ceiling is not None and rate > ceiling else []
     return reasons + (secret_shapes(record.response_text, signals.compiled) if record.response_text else [])
 
 
@@ -110,6 +114,8 @@ class ScanResult:
     flags: list[Flag] = field(default_factory=list)
     zoneless: int = 0  # timestamps with no zone, read as UTC
     first_zoneless_line: int | None = None
+    ceilings: dict[str, float | None] = field(default_factory=dict)  # learned, by prompt-size group; None: fallback
+    unlisted_fast: int = 0  # rows above a learned ceiling beyond those kept to list
 
     @property
     def affected_ids(self) -> list[str]:
@@ -135,6 +141,7 @@ def scan_records(items: Iterable[GatewayRecord | MalformedLine], checklist: Chec
     """Apply the checklist and the signals to a stream of parsed lines. A stream that breaks off (TruncatedLog)
     ends the scan: what was read stays, and `read_error` says where it stopped."""
     result = ScanResult()
+    learned = LearnedCeiling(DEFAULT_MAX_PREFILL_TOKENS_PER_S) if signals.max_prefill_tokens_per_s is None else None
     try:
         for item in items:
             result.scanned += 1
@@ -148,11 +155,26 @@ def scan_records(items: Iterable[GatewayRecord | MalformedLine], checklist: Chec
                 result.first_zoneless_line = result.first_zoneless_line or item.line
             if checklist.matches(item):
                 result.affected.append(item)
+            if learned is not None and (rate := implied_prefill_rate(item)) is not None:
+                learned.add(item, rate)
             if reasons := flag_reasons(item, signals):
                 result.flags.append(Flag(item, reasons))
     except TruncatedLog as e:
         result.read_error = str(e)
+    if learned is not None:
+        _add_learned_flags(result, learned)
     return result
+
+
+def _add_learned_flags(result: ScanResult, learned: LearnedCeiling) -> None:
+    """The rows above their learned ceiling join the flags, first reason `ttft_anomaly`, in file order."""
+    fast, result.unlisted_fast = learned.outliers()
+    result.ceilings = {group_label(g): c for g, c in learned.ceilings().items()}
+    by_line = {f.record.line: f for f in result.flags}
+    for record in fast:
+        flag = by_line.get(record.line)
+        by_line[record.line] = Flag(flag.record if flag else record, ["ttft_anomaly", *(flag.reasons if flag else [])])
+    result.flags = [by_line[line] for line in sorted(by_line)]
 
 
 def scan_log(path: str | Path, checklist: Checklist = Checklist(), signals: Signals = Signals()) -> ScanResult:
@@ -169,9 +191,12 @@ def format_report(result: ScanResult, checklist: Checklist, signals: Signals, so
              f"Affected (the checklist's set): {len(result.affected):,} calls"]
     lines += [f"  line {r.line}  {r.timestamp:%Y-%m-%dT%H:%M:%SZ}  {r.request_id}  {r.account}  prompt_tokens="
               f"{r.prompt_tokens:,}  ttft_ms={r.ttft_ms:,.1f}  status={r.status}" for r in result.affected]
-    lines.append(f"Flagged by the signals: {len(result.flags):,} rows"
-                 f" (prefill ceiling {signals.max_prefill_tokens_per_s:,.0f} tokens/s; secret-shaped text)")
+    ceiling, learned = _ceiling_lines(result, signals)
+    lines.append(f"Flagged by the signals: {len(result.flags):,} rows (prefill ceiling {ceiling}; secret-shaped text)")
     lines += [f"  line {f.record.line}  {f.record.request_id}  {', '.join(f.reasons)}" for f in result.flags]
+    if result.unlisted_fast:
+        lines.append(f"  ... and {result.unlisted_fast:,} more rows above a learned ceiling, not listed")
+    lines += learned
     if result.malformed:
         lines.append("Malformed lines (skipped):")
         lines += [f"  line {m.line}: {m.error}" for m in result.malformed[:MAX_MALFORMED_SHOWN]]
@@ -185,6 +210,15 @@ def format_report(result: ScanResult, checklist: Checklist, signals: Signals, so
     return "\n".join(lines)
 
 
+def _ceiling_lines(result: ScanResult, signals: Signals) -> tuple[str, list[str]]:
+    """The ceiling as the report states it: the fixed one; or learned, then one line per model and prompt size."""
+    if signals.max_prefill_tokens_per_s is not None:
+        return f"{signals.max_prefill_tokens_per_s:,.0f} tokens/s", []
+    fallback = f"{DEFAULT_MAX_PREFILL_TOKENS_PER_S:,.0f} (too few rows to learn from)"
+    return "learned from the log, below", ["Prefill ceilings learned from the log (tokens/s):"] + [
+        f"  {label}: {fallback if c is None else f'{c:,.0f}'}" for label, c in result.ceilings.items()]
+
+
 def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
     """`scan-logs FILE [options]`. Values stay strings here; `run_scan_logs` checks them and answers in one line."""
     add = parser.add_argument
@@ -194,8 +228,8 @@ def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
     add("--until", default=str(INCIDENT_LAST_DAY), metavar="DATE", help="last UTC day, included (default %(default)s)")
     add("--min-prompt-tokens", default=str(PREFILL_POOL_TOKENS), metavar="N",
         help="affected means prompt_tokens strictly above N (default %(default)s)")
-    add("--max-prefill-rate", default=str(int(DEFAULT_MAX_PREFILL_TOKENS_PER_S)), metavar="TOKENS_PER_S",
-        help="flag replies faster than this prompt tokens per second of TTFT (default %(default)s)")
+    add("--max-prefill-rate", metavar="TOKENS_PER_S", help="flag replies faster than this prompt tokens per second of "
+        "TTFT (default: learned from the log, each prompt size against its own; docs/logs.md)")
     add("--pattern", action="append", default=[], metavar="REGEX", help="also flag replies matching REGEX (repeatable)")
     add("--json", action="store_true", help="print one JSON object instead of the text report")
 
@@ -224,7 +258,8 @@ def run_scan_logs(args: argparse.Namespace) -> int:
     try:
         checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
                               _parse("--min-prompt-tokens", args.min_prompt_tokens, int))
-        signals = Signals(_parse("--max-prefill-rate", args.max_prefill_rate, float), tuple(args.pattern))
+        ceiling = None if args.max_prefill_rate is None else _parse("--max-prefill-rate", args.max_prefill_rate, float)
+        signals = Signals(ceiling, tuple(args.pattern))
         result = scan_log(args.file, checklist, signals)
     except (ValueError, LogReadError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -62,6 +62,7 @@ class ProbeClient:
         self.model: str | None = None
         self.salt_per_key = salt_per_key
         self.http = httpx.Client(transport=transport)
+        self.quirks: list[str] = []  # what the endpoint leaves out that the API allows, each once, in order met
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -92,7 +93,16 @@ class ProbeClient:
         with self._request("POST", "completions", key, body) as (r, chunks):
             if r.status_code != HTTPStatus.OK:
                 return error_observation(r.status_code, error_body(chunks), time.perf_counter() - start)
-            return read_stream(lines(chunks), start, r.headers.get("content-type"), control)
+            obs = read_stream(lines(chunks), start, r.headers.get("content-type"), control)
+        for quirk in obs.quirks:
+            self.met(quirk)
+        return obs
+
+    def met(self, quirk: str) -> None:
+        """Record a peer quirk once."""
+        with self._lock:
+            if quirk not in self.quirks:
+                self.quirks.append(quirk)
 
     @contextmanager
     def _request(self, method: str, path: str, key: str, body: dict | None = None):

@@ -1,6 +1,7 @@
 """What the probe reads back: an Observation per request, every field checked against the OpenAI API. A reply
-the API does not allow (usage as an array, a count as a string, a stream cut before `[DONE]`, ...) raises
-CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL."""
+the API does not allow (usage as an array, a count as a string, a stream cut before its final chunk, ...) raises
+CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL. A stream is read as
+the official `openai` client reads it: it ends at `data: [DONE]`, or cleanly after a final chunk without one."""
 
 import json
 import re
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+NO_DONE = "its streams end after the final chunk (finish_reason and usage) without `data: [DONE]`"
+NO_CACHED_TOKENS = "its usage has no prompt_tokens_details.cached_tokens"
 JSON_KINDS = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
               bool: "a boolean"}
 
@@ -33,6 +36,7 @@ class Observation:
     error_code: str | None = None
     error_message: str | None = None
     text_times: tuple[float, ...] = ()  # time.perf_counter() at each event that carried text
+    quirks: tuple[str, ...] = ()  # what the API allows but this reply left out (NO_DONE, NO_CACHED_TOKENS)
 
     @property
     def first_token_s(self) -> float:
@@ -98,8 +102,9 @@ def error_body(chunks: Iterator[bytes], limit: int = 4096) -> object:
 
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
                 control: StreamControl | None = None) -> Observation:
-    """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's."""
-    text, times, usage, events, done = [], [], None, 0, False
+    """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's. The probe
+    always asks for usage, so a stream without `[DONE]` is whole only if it carried a finish_reason and usage."""
+    text, times, usage, events, done, finished = [], [], None, 0, False, False
     for line in stream_lines:
         if not line.startswith("data:"):
             continue  # comments (keep-alives), event names, blank separators
@@ -120,19 +125,31 @@ def read_stream(stream_lines: Iterator[str], start: float, content_type: str | N
                 text.append(piece)
                 if control is not None:
                     control.first_text.set()
+            finished = finished or _field(choice, "finish_reason", str) is not None
         usage = _field(event, "usage", dict) or usage
         if control is not None and control.stop.is_set():
             done = True
             break
     if not events:
         raise CannotProbe(f"answered 200 with no server-sent events (content-type {content_type!r})")
-    if not done:
-        raise CannotProbe("a completion stream ended before its `data: [DONE]` (cut short)")
-    usage = usage or {}
+    if not done and not (finished and usage is not None):
+        raise CannotProbe("a completion stream ended before its final chunk (a finish_reason and usage) and "
+                          "without `data: [DONE]` (cut short)")
+    return _observation("".join(text), usage or {}, start, times, () if done else (NO_DONE,))
+
+
+def _observation(text: str, usage: dict, start: float, times: list[float], quirks: tuple[str, ...]) -> Observation:
+    """A whole stream's Observation; CannotProbe if its usage is inconsistent (more cached than sent)."""
     details = _field(usage, "prompt_tokens_details", dict) or {}
-    return Observation(HTTPStatus.OK, "".join(text), _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
-                       _count(details, "cached_tokens"), times[0] - start if times else None,
-                       time.perf_counter() - start, text_times=tuple(times))
+    prompt, cached = _count(usage, "prompt_tokens"), _count(details, "cached_tokens")
+    if prompt is not None and cached is not None and cached > prompt:
+        raise CannotProbe(f"usage reports {cached} cached_tokens of {prompt} prompt_tokens: the endpoint's numbers "
+                          "are inconsistent")
+    if prompt is not None and cached is None:
+        quirks += (NO_CACHED_TOKENS,)
+    return Observation(HTTPStatus.OK, text, prompt, _count(usage, "completion_tokens"), cached,
+                       times[0] - start if times else None, time.perf_counter() - start, text_times=tuple(times),
+                       quirks=quirks)
 
 
 def _event(data: str) -> dict:

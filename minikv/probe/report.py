@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 INFO = "info"  # a measured residual, reported with its figures: never a pass or a fail
+VERDICT_WORDS = {PASS: "PASS", FAIL: "FAIL", INFO: "INFO", INCOMPLETE: "COULD NOT TELL (incomplete, not a failure)"}
 # every check in the order they run: its name on the command line -> its title in the report
 CHECKS = {"canary": "canary", "over-length": "over-length", "honesty": "prompt-token honesty",
           "prefix-cache": "shared prefix cache", "eviction": "shared eviction order", "token-gaps": "inter-token gap"}
@@ -53,7 +54,7 @@ class CheckResult:
 
     def format(self) -> str:
         exchanges = [f"  sent: {sent}\n  got:  {got}" for sent, got in self.exchanges]
-        return "\n".join([f"[{self.name}]", *exchanges, f"  verdict: {self.verdict.upper()}: {self.reason}"])
+        return "\n".join([f"[{self.name}]", *exchanges, f"  verdict: {VERDICT_WORDS[self.verdict]}: {self.reason}"])
 
 
 @dataclass
@@ -67,6 +68,8 @@ class ProbeReport:
     salt_per_key: bool = False
     requests_sent: int = 0
     results: list[CheckResult] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)  # checks' command-line names
+    quirks: list[str] = field(default_factory=list)  # what the endpoint left out that the API allows
 
     @property
     def status(self) -> int:
@@ -81,12 +84,21 @@ class ProbeReport:
     def to_json(self) -> dict:
         return {"endpoint": self.endpoint, "model": self.model, "context": self.context, "keys": self.keys,
                 "salt_per_key": self.salt_per_key, "requests_sent": self.requests_sent,
-                "checks": [r.to_json() for r in self.results], "exit_status": self.status}
+                "checks": [r.to_json() for r in self.results], "not_run": self.not_run, "quirks": self.quirks,
+                "exit_status": self.status}
 
     def summary(self) -> str:
-        failed = [r.name for r in self.results if r.verdict not in (PASS, INFO)]
-        measured = [r.name for r in self.results if r.verdict == INFO]
+        """The closing lines: the verdicts in words, the checks not run and how to run them, one line per quirk."""
+        named = {verdict: [r.name for r in self.results if r.verdict == verdict] for verdict in VERDICT_WORDS}
+        found = [f"failed: {', '.join(named[FAIL])}"] if named[FAIL] else []
+        if named[INCOMPLETE]:
+            found.append(f"could not tell: {', '.join(named[INCOMPLETE])} (not a failure: the reason says why)")
+        if named[INFO]:
+            found.append(f"measured, not judged: {', '.join(named[INFO])}")
         salted = ", a cache_salt per key" if self.salt_per_key else ""
-        return (f"{self.requests_sent} requests to {self.endpoint} ({self.model}, window {self.context:,} tokens"
-                f"{salted}): " + ("all checks passed" if not failed else f"not passed: {', '.join(failed)}")
-                + (f"; measured, not judged: {', '.join(measured)}" if measured else ""))
+        lines = [f"{self.requests_sent} requests to {self.endpoint} ({self.model}, window {self.context:,} tokens"
+                 f"{salted}): " + ("; ".join(found) if named[FAIL] or named[INCOMPLETE]
+                                   else "; ".join(["all checks passed", *found]))]
+        if self.not_run:
+            lines.append("not run: " + ", ".join(f"{CHECKS[name]} (--check {name})" for name in self.not_run))
+        return "\n".join(lines + [f"peer quirk: {quirk}" for quirk in self.quirks])

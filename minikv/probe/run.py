@@ -34,7 +34,7 @@ def probe_endpoint(url: str, key_a: str, key_b: str, on_result: Callable[[CheckR
     try:
         session = open_session(client, key_a, key_b, options)
         report = ProbeReport(client.base, client.model, session.context, [mask(key_a), mask(key_b)],
-                             options.salt_per_key)
+                             options.salt_per_key, not_run=[name for name in CHECKS if name not in options.checks])
         for name, check in checks(options):
             result = CheckResult(name)
             report.results.append(result)
@@ -48,5 +48,5 @@ def probe_endpoint(url: str, key_a: str, key_b: str, on_result: Callable[[CheckR
         raise CannotProbe(str(e)) from None
     finally:
         client.close()
-    report.requests_sent = client.sent
+    report.requests_sent, report.quirks = client.sent, list(client.quirks)
     return report

@@ -91,6 +91,8 @@ def open_session(client: ProbeClient, key_a: str, key_b: str, options: ProbeOpti
     listed = client.models(key_a)
     client.models(key_b)
     client.model, context = model_and_window(listed, options)
+    if not options.model:
+        client.met(f"no --model given: the model id {client.model!r} was taken from /v1/models")
     source = f"--context {context}" if options.context is not None else f"max_model_len {context:,}"
     if context < MIN_CONTEXT:
         raise CannotProbe(f"{source} is below the {MIN_CONTEXT} tokens the probe needs to fit its prompts")

@@ -34,5 +34,5 @@ def check_adler32(fn: Callable[[bytes], int]) -> None:
     refusal = AssertionError("zlib.adler32 is the checker's reference: write the sum from its definition")
     with mock.patch("zlib.adler32", side_effect=refusal):
         expect_cases(fn, reference, cases, "{!r:.40}",
-                     "A starts at 1 and adds each byte, B adds each new A; both mod 65521; the sum is B * 65536 + A.",
-                     "correct on {} byte strings: the same sums as zlib")
+                     "A starts at 1 and adds each byte, B adds each new A; both mod 65521; "
+                     "the sum is B * 65536 + A.", "correct on {} byte strings: the same sums as zlib")

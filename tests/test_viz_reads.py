@@ -44,3 +44,16 @@ def test_the_player_shows_a_caption_only_with_its_own_picture():
     for frame in (1, 2, 3):
         player.slider.value = frame
         assert seen_with_caption[-1] == bytes(player.image.value), f"frame {frame}: caption ran ahead"
+
+
+def test_the_ttft_line_follows_the_median_a_stalled_run_cannot_drag():
+    """Three rounds at each length, one stalled 50x: the dashed line passes through each length's median."""
+    from minikv.engine.request import Response, Usage
+    from minikv.viz import ttft_plot
+
+    times = {100: [10, 11, 500], 400: [40, 41, 42], 800: [80, 81, 82]}  # ms; one stalled run at 100 tokens
+    responses = [Response(f"r{n}-{i}", "alice", 200, usage=Usage(n, 1), ttft_s=ms / 1000)
+                 for n, runs in times.items() for i, ms in enumerate(runs)]
+    [line] = [ln for ln in ttft_plot(responses).figure.axes[0].lines if ln.get_linestyle() == "--"]
+    assert list(line.get_xdata()) == [100, 400, 800]
+    assert [round(y) for y in line.get_ydata()] == [11, 41, 81]

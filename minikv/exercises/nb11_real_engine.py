@@ -42,5 +42,6 @@ def check_salt_for(fn: Callable[[str, str], str]) -> None:
         expect(fn(key, secret), salt, f"{key!r} twice", "The same tenant needs the same salt, or it loses its own hits.")
     expect(len(set(salts)), len(keys), f"{len(keys)} keys", "Two tenants with one salt share a cache again.")
     expect(fn(keys[0], secret + "x") != salts[0], True, "another gateway secret",
-           "Derive it with the secret (an HMAC), so no one can compute another tenant's salt from its key.")
+           "Anyone who knows a key can compute this salt: what do you hold that a tenant does not, "
+           "and which function mixes it in so that nothing can be worked backwards?")
     print(f"correct on {len(keys)} keys: stable, distinct, and no key or secret in sight")

@@ -13,7 +13,7 @@ from minikv.model.checkpoint import default_model_dir
 from minikv.serve.launch import LocalServer, ServerProcess
 from minikv.serve.peer_venv import PEERS, PeerError, installed, peers_dir, setup_peer, venv_dir
 
-READY_TIMEOUT_S = 900.0  # measured: about 2.5 minutes on 2 quiet cores; far longer under load
+READY_TIMEOUT_S = 900.0  # measured: about 95 s on 2 cores (docs/peers.md); far longer under load
 PAGE_SIZE, NUM_PAGES, CONTEXT_LEN = 16, 256, 1024  # minikv serve's defaults
 VLLM_BLOCK = 32  # the smallest block vLLM's CPU attention takes
 
@@ -79,7 +79,7 @@ def run_peer(args: argparse.Namespace) -> int:
         if args.port is not None and not 1 <= args.port <= 65535:
             raise PeerError(f"--port must be 1-65535, got {args.port}")
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
-        print(f"starting {args.name} (a few minutes on 2 cores) ...", flush=True)
+        print(f"starting {args.name} (about 95 s on 2 cores, longer when they are busy) ...", flush=True)
         with PeerServer(args.name, port=args.port, model_dir=args.model) as server:
             print(f"{args.name} serves {server.model} on {server.base_url} (its log: {server.log}); Ctrl-C stops it",
                   flush=True)

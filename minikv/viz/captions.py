@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 from minikv.engine.events import Event
+from minikv.viz.replay import reads_unwritten
 
 SENTENCES = {  # {who} is tenant/request-id, {pages} "n pages", {detail} " (the event's detail)" when it has one
     "submit": "{who} arrived at {node}{detail}",
@@ -24,9 +25,9 @@ def describe(event: Event) -> str:
     who, node, n = f"{event.tenant}/{event.request_id}", event.node, len(event.pages)
     pages = f"{n} page" if n == 1 else f"{n} pages"
     if event.kind == "cross_read":
-        victim = event.detail.removeprefix("victim=")
-        if victim == "never-written":
+        if reads_unwritten(event):
             return f"UNWRITTEN READ on {node}: {who} read {pages} nobody had written"
+        victim = event.detail.removeprefix("victim=")
         same = victim.partition("/")[0] == event.tenant
         return f"{'CROSS-REQUEST' if same else 'CROSS-TENANT'} READ on {node}: {who} read {pages} written by {victim}"
     if event.kind not in SENTENCES:

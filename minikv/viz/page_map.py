@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 
 from minikv.engine.events import Event, EventLog
 from minikv.viz.captions import moment_caption
-from minikv.viz.palette import CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, faded, tenant_colours
+from minikv.viz.palette import CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, UNWRITTEN_READ, faded, tenant_colours
 from minikv.viz.picture import Picture
 from minikv.viz.replay import PageStatus, PoolState, as_events, replay
 
@@ -41,9 +41,10 @@ class PageStyle:
     data_tenant: str | None  # tenant whose K/V the page holds (None: never written)
     hatch: str | None  # the owner's colour, hatched over a reserved page
     order: int | None  # position in the outlined block table, from 0 (its index in block_table)
-    cross_read: bool  # read by a request that did not write it
+    cross_read: bool  # another request's data in it was read
     written_now: bool  # written during the current step
     ref_count: int = 1  # requests holding the page (prefix caching shares pages)
+    unwritten_read: bool = False  # read while nobody had written it (no one's data, but not the reader's)
 
 
 def page_styles(state: PoolState, colours: Mapping[str, str], request: str | None = None,
@@ -51,6 +52,7 @@ def page_styles(state: PoolState, colours: Mapping[str, str], request: str | Non
     """The look of every page of `state`; `request`'s block table (if it holds pages) is numbered."""
     order = {page: i for i, page in enumerate(state.block_tables.get(request, ()))}
     crossed = state.cross_read_now if cross_reads == "now" else state.cross_read_ever
+    unwritten = state.unwritten_read_now if cross_reads == "now" else state.unwritten_read_ever
     styles = []
     for p in range(state.num_pages):
         status, owner, data = state.status(p), state.owner_tenant[p], state.writer_tenant[p]
@@ -61,7 +63,7 @@ def page_styles(state: PoolState, colours: Mapping[str, str], request: str | Non
             fill = colour if status in (PageStatus.OWNED, PageStatus.SHARED) else faded(colour)
         hatch = colours.get(owner, UNKNOWN_TENANT) if status is PageStatus.RESERVED else None
         styles.append(PageStyle(p, status, fill, owner, data, hatch, order.get(p), p in crossed,
-                                p in state.written_now, state.ref_count[p]))
+                                p in state.written_now, state.ref_count[p], p in unwritten))
     return styles
 
 
@@ -129,6 +131,8 @@ def _draw_panel(ax: Axes, state: PoolState, styles: list[PageStyle], cell_pt: fl
     written = [_corner(s.page, cols) for s in styles if s.written_now]
     if written:
         ax.add_collection(PolyCollection(written, facecolors="white", edgecolors=INK, linewidths=0.6))
+    _outline(ax, [s.page for s in styles if s.unwritten_read and not s.cross_read], cols, 0.1,
+             edgecolors=UNWRITTEN_READ, hatch="..", hatchcolor=UNWRITTEN_READ, linewidths=2.4)
     _outline(ax, [s.page for s in styles if s.cross_read], cols, 0.1, edgecolors=CROSS_READ, hatch="xx",
              hatchcolor=CROSS_READ, linewidths=2.4)
     row_step = max(1, math.ceil(11 / cell_pt))  # tick labels at least 11 points apart
@@ -178,6 +182,9 @@ def _legend_handles(styles: Iterable[PageStyle], colours: Mapping[str, str], req
                                                    markeredgecolor=INK, label="written this step")),
         (any(s.cross_read for s in styles), Patch(facecolor="none", edgecolor=CROSS_READ, hatch="xx", linewidth=2,
                                                   label="red: read across tenants (audit)")),
+        (any(s.unwritten_read and not s.cross_read for s in styles),
+         Patch(facecolor="none", edgecolor=UNWRITTEN_READ, hatch="..", linewidth=2,
+               label="grey dots: read, nobody had written it (audit)")),
         (request_label is not None and any(s.order is not None for s in styles),
          Patch(facecolor="none", edgecolor=INK, linewidth=2, label=f"block table of {request_label}, from block 0")),
     ]

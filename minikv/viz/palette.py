@@ -1,5 +1,5 @@
-"""Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads;
-a workload tenant always gets the same one (alice orange, bob sky blue, ...: docs/pictures.md)."""
+"""Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads, dark
+grey for reads of unwritten memory; a workload tenant always gets the same one (alice orange, bob sky blue, ...: docs/pictures.md)."""
 
 import itertools
 from collections.abc import Iterable
@@ -14,6 +14,7 @@ TENANT_COLOURS = (  # Okabe-Ito, then Paul Tol's muted; the first five lie far a
     "#aa4499", "#882255", "#ddcc77", "#44aa99",  # purple, wine, sand, teal
 )
 CROSS_READ = "#d40000"  # red: a request read someone else's data
+UNWRITTEN_READ = "#5a5a5a"  # dark grey: a request read memory nobody had written (no one's data)
 NEVER_WRITTEN = "#ffffff"  # a page nobody has written since boot
 GRID_LINE = "#b0b0b0"  # cell borders
 INK = "#000000"  # block-table outline, order numbers, "written this step" marks

@@ -10,6 +10,12 @@ from minikv.engine.events import Event, EventLog
 
 FrameMode = Literal["changes", "all", "steps"]
 Holder = tuple[str, str, bool]  # (request id, tenant, took the page from the prefix cache)
+UNWRITTEN_VICTIM = "victim=never-written"  # a cross_read event's detail when nobody had written the slots
+
+
+def reads_unwritten(event: Event) -> bool:
+    """Whether a cross_read event is a read of memory nobody wrote (not of another request's data)."""
+    return event.kind == "cross_read" and event.detail == UNWRITTEN_VICTIM
 
 
 class PageStatus(Enum):
@@ -33,8 +39,10 @@ class PoolState:
     shared: frozenset[int]  # held pages some holder took from the prefix cache
     block_tables: Mapping[str, tuple[int, ...]]  # request id -> its pages on this node, in order
     written_now: frozenset[int]  # pages written during the current step
-    cross_read_now: frozenset[int]  # pages read across requests during the current step
-    cross_read_ever: frozenset[int]  # pages read across requests at any step so far
+    cross_read_now: frozenset[int]  # pages whose other request's data was read during the current step
+    cross_read_ever: frozenset[int]  # pages whose other request's data was read at any step so far
+    unwritten_read_now: frozenset[int] = frozenset()  # pages read, nobody having written them, this step
+    unwritten_read_ever: frozenset[int] = frozenset()  # ... at any step so far
 
     def status(self, page: int) -> PageStatus:
         if self.owner[page] is None:
@@ -59,6 +67,8 @@ class PoolReplay:
         self.written_now: set[int] = set()
         self.cross_now: set[int] = set()
         self.cross_ever: set[int] = set()
+        self.unwritten_now: set[int] = set()
+        self.unwritten_ever: set[int] = set()
 
     def apply(self, e: Event, now: bool) -> None:
         """Apply one of this node's events; `now` when it belongs to the step on show."""
@@ -83,9 +93,11 @@ class PoolReplay:
             if now:
                 self.written_now.update(e.pages)
         elif e.kind == "cross_read":
-            self.cross_ever.update(e.pages)
+            ever, current = (self.unwritten_ever, self.unwritten_now) if reads_unwritten(e) else \
+                (self.cross_ever, self.cross_now)
+            ever.update(e.pages)
             if now:
-                self.cross_now.update(e.pages)
+                current.update(e.pages)
 
     def state(self) -> PoolState:
         first = [h[0] if h else (None, None, False) for h in self.holders]  # each page's first holder
@@ -96,7 +108,8 @@ class PoolReplay:
             writer_tenant=tuple(w[1] for w in data), ref_count=tuple(len(h) for h in self.holders),
             shared=frozenset(p for p, held in enumerate(self.holders) if any(hit for _, _, hit in held)),
             block_tables={r: tuple(t) for r, t in self.tables.items()}, written_now=frozenset(self.written_now),
-            cross_read_now=frozenset(self.cross_now), cross_read_ever=frozenset(self.cross_ever))
+            cross_read_now=frozenset(self.cross_now), cross_read_ever=frozenset(self.cross_ever),
+            unwritten_read_now=frozenset(self.unwritten_now), unwritten_read_ever=frozenset(self.unwritten_ever))
 
 
 def as_events(log: EventLog | Iterable[Event]) -> list[Event]:

@@ -1,9 +1,9 @@
 """Two plots of requests over time: the queue stages each went through (`timeline`), and time to
 first token against prompt length (`ttft_plot`). How to read them: docs/pictures.md."""
 
+import statistics
 from collections.abc import Iterable, Sequence
 
-import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -89,7 +89,7 @@ def stage_colours(stages: Sequence[str]) -> dict[str, str]:
 
 def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: str | None = None) -> Picture:
     """Time to first token (ms) against prompt tokens, one dot per answered request; those in `mark`
-    (ids) are labelled red stars, and a line fitted through the others shows what length implies."""
+    (ids) are labelled red stars, and a dashed line joins the others' median at each prompt length."""
     marked, timed = set(mark), [r for r in responses if r.ttft_s is not None]
     normal = [r for r in timed if r.request_id not in marked]
     special = [r for r in timed if r.request_id in marked]
@@ -97,11 +97,11 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
     fig = Figure(figsize=(6.5, 4.0))
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.77))
     ax.scatter(xs, ys, s=22, color=OTHER_REQUESTS, edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
-    if len(set(xs)) >= 2:
-        slope, intercept = np.polyfit(xs, ys, 1)  # least squares
-        ends = [0, max(r.usage.prompt_tokens for r in timed)]
-        ax.plot(ends, [intercept + slope * x for x in ends], color=INK, linewidth=1, linestyle="--",
-                label="what the prompt length implies (fit)", zorder=2)
+    lengths = sorted(set(xs))
+    if len(lengths) >= 2:  # medians: a few runs another program stalled cannot drag the line, as they drag a fit
+        medians = [statistics.median(y for x, y in zip(xs, ys) if x == n) for n in lengths]
+        ax.plot(lengths, medians, color=INK, linewidth=1, linestyle="--", label="median at each prompt length",
+                zorder=2)
     for r in special:
         ax.scatter([r.usage.prompt_tokens], [r.ttft_s * 1e3], s=260, marker="*", color=CROSS_READ,
                    edgecolor=INK, linewidth=0.8, zorder=4)

@@ -91,13 +91,15 @@ class ReplayWidget(widgets.VBox):
             return
         alarm = self.event is not None and self.event.kind == "cross_read"
         colour = f"color:{CROSS_READ};font-weight:bold;" if alarm else ""
-        self.caption.value = f"<div style='font-family:monospace;{colour}'>{html.escape(self.caption_text())}</div>"
-        self.image.value = page_map(self.events, self.num_pages, at=self.event_index, request=self.outlined_request(),
-                                    page_size=self.page_size, cross_reads=self.cross_reads, nodes=self.nodes,
-                                    caption=self.caption_text()).png()
+        picture = page_map(self.events, self.num_pages, at=self.event_index, request=self.outlined_request(),
+                           page_size=self.page_size, cross_reads=self.cross_reads, nodes=self.nodes,
+                           caption=self.caption_text()).png()
         rows = "".join(f"<tr><td style='padding-right:1em'><b>{html.escape(stage)}</b></td>"
                        f"<td>{html.escape(', '.join(who)) if who else '<i>empty</i>'}</td></tr>"
                        for stage, who in self.queues().items())
+        # drawn first, then shown together: a caption sent before its picture is drawn runs a frame ahead
+        self.image.value = picture
+        self.caption.value = f"<div style='font-family:monospace;{colour}'>{html.escape(self.caption_text())}</div>"
         self.queue.value = f"<table style='font-family:monospace;font-size:12px'>{rows}</table>" if rows else ""
 
     def _repr_mimebundle_(self, **kwargs) -> dict:

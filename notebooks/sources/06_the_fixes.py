@@ -173,36 +173,50 @@ assert audit.cross_tenant_reads == 0 and audit.violations > 0 and all(e.victim i
 # ## What each switch costs
 #
 # Serve the same ordinary traffic (no over-length prompts, no aborts) with the vulnerable preset plus one
-# switch, and compare with the vulnerable preset alone. A laptop is rarely idle, so the cell measures in five
-# **rounds**: in each round every configuration runs once, in an order that alternates from round to round,
-# and each switch's time is divided by the vulnerable time *of the same round*; the **median** of those ratios
-# (the middle one) is the cost. The clock is this process's CPU time (`time.process_time`), not the wall
-# clock: time that other programs take from the CPU is not counted at all.
+# switch, and compare with the vulnerable preset alone. A laptop is rarely idle, so the cell measures in
+# **pairs**: the vulnerable preset and one switch run back to back (in an order that alternates), and the
+# switch's time is divided by the vulnerable time *of its own pair*. Five rounds give five ratios per switch;
+# their **median** (the middle one) is the cost. The clock is the wall clock (`time.perf_counter`), and the
+# engine runs on one torch thread, as in notebook 09 and the benchmark: other programs then delay a step
+# rather than stall a team of threads, and a pair shares what they take.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (measured times: they depend on the machine and its load)
-prompts = [note_prompt(t, Note("pin", f"{i:04d}")) for i, t in enumerate(["alice", "bob", "carol", "dave"] * 4)]
+prompts = [note_prompt(t, Note("pin", f"{i:04d}")) for i, t in enumerate(["alice", "bob", "carol", "dave"] * 2)]
 roomy = ClusterConfig(prefill_pages=128, decode_pages=256, event_log=False, audit=False)
-configs = {"(none)": vulnerable} | {name: vulnerable.with_switches(enable=[name]) for name in SafetySwitches.names()}
+switched = {name: vulnerable.with_switches(enable=[name]) for name in SafetySwitches.names()}
 
 def serve_time(switches):
     cluster = Cluster(model, tok, roomy, switches)
-    start = time.process_time()
+    start = time.perf_counter()
     out = cluster.generate(prompts, max_tokens=24)
+    elapsed = time.perf_counter() - start
     assert all(r.status == 200 for r in out)
-    return time.process_time() - start
+    return elapsed
 
+def pair_ratio(switches, switch_first):
+    if switch_first:
+        with_it = serve_time(switches)
+        return with_it / serve_time(vulnerable)
+    without = serve_time(vulnerable)
+    return serve_time(switches) / without
+
+threads = torch.get_num_threads()
+torch.set_num_threads(1)  # one engine thread while timing, restored below
 serve_time(vulnerable)  # warm-up, not counted
-rounds = []
+ratios = {name: [] for name in switched}
 for r in range(5):
-    order = list(configs) if r % 2 == 0 else list(reversed(configs))  # interleaved
-    rounds.append({name: serve_time(configs[name]) for name in order})
-ratios = {name: sorted(t[name] / t["(none)"] for t in rounds) for name in SafetySwitches.names()}
+    for i, (name, switches) in enumerate(switched.items()):
+        ratios[name].append(pair_ratio(switches, switch_first=(r + i) % 2 == 1))  # interleaved
+torch.set_num_threads(threads)
+ratios = {name: sorted(r) for name, r in ratios.items()}
 costs = {name: statistics.median(r) for name, r in ratios.items()}
 for name, ratio in costs.items():
-    print(f"{name:20s} {ratio:5.2f}x the vulnerable preset's time (rounds {ratios[name][0]:.2f} to {ratios[name][-1]:.2f})")
-assert all(0.5 < ratio < 2 for ratio in costs.values()), costs  # what holds under load: none comes near 2x
+    low, high = ratios[name][0], ratios[name][-1]
+    print(f"{name:20s} {ratio:5.2f}x the vulnerable preset's time (pairs {low:.2f} to {high:.2f})")
+print(f"all pairs: {min(r[0] for r in ratios.values()):.2f}x to {max(r[-1] for r in ratios.values()):.2f}x")
+assert all(0.5 < ratio < 2 for ratio in costs.values()), costs  # what holds under load: no median near 2x
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -212,15 +226,17 @@ spread = [[costs[n] - ratios[n][0] for n in costs], [ratios[n][-1] - costs[n] fo
 ax.barh(list(costs), list(costs.values()), xerr=spread, color="#999999", ecolor="black", capsize=3)
 ax.axvline(1.0, color="black", lw=0.8)
 ax.set_xlim(0, max(2.0, 1.05 * max(r[-1] for r in ratios.values())))
-ax.set_xlabel("CPU time with the switch / without it  (above 1: slower)")
-ax.set_title("Cost of each switch on ordinary traffic (median of 5 rounds; whiskers: all rounds)", fontsize=10)
+ax.set_xlabel("wall time with the switch / without it  (above 1: slower)")
+ax.set_title("Cost of each switch on ordinary traffic (median of 5 pairs; whiskers: all pairs)", fontsize=10)
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# What holds on a busy laptop, and all the cell asserts: no switch comes near doubling the time of ordinary
-# traffic. The differences between switches are a few percent, no larger than the spread of the rounds (the
-# whiskers), so do not rank them from this plot. Where each cost lands is the lesson. `reject_check` and
-# `startup_check` cost nothing on the normal path. `kv_checksum` reads every transferred byte twice.
+# What holds on a busy laptop, and all the cell asserts: no switch's median comes near doubling the time of
+# ordinary traffic. On a 2-core machine with both cores busy (two other programs spinning, load 5 to 14), two
+# runs gave medians of 0.91x to 1.15x and single pairs of 0.73x to 1.47x; so differences of a few percent
+# between switches are noise here, and do not rank them from this plot. Where each cost lands is the lesson.
+# `reject_check` and `startup_check` add no work on the normal path. `kv_checksum` reads every transferred
+# byte twice.
 # `kv_canary` writes every reserved page once more. `transfer_batch_cap` adds one wire latency per batch.
 # `scrub_on_free` writes every freed page, which on a real GPU competes with the model for memory bandwidth,
 # and is why engines do not do it.
@@ -277,15 +293,17 @@ assert f"intact in {poisoned_pages(BOB_PROMPT_CHARS, 16, 1)} of" in canary.attac
 
 # %% [markdown]
 # **3.** Which switches would you ship, and which would you leave off? Defend the choice with the matrix and the
-# costs above. (The maintainers shipped the queue check, recommended the KV checksum, deferred release and the
-# batch cap, and left a startup refusal as an open proposal.)
+# costs above. (The maintainers shipped the queue check; recommended the KV checksum and a KV canary, deferred
+# release and the batch cap; and left a startup refusal as an open proposal. Their public code has no canary:
+# `kv_canary` is this project's own design of one.)
 
 # %% [markdown]
 # **4.** `kv_checksum` sums every transferred byte with Adler-32 on both sides (the sum SGLang's checksum
 # flag uses; its definition is in RFC 1950). Write `adler32(data)` from that definition: `A` starts at 1 and
 # adds each byte, `B` starts at 0 and adds each new `A`, both modulo 65521, and the checksum is
 # `B * 65536 + A`. The checker compares it with `zlib.adler32`, which `minikv/disagg/checksum.py` runs over the
-# pages. Why does the sum need `B` at all? (Hint: swap two bytes.)
+# pages, and makes `zlib.adler32` raise while yours runs. Why does the sum need `B` at all? (Hint: swap two
+# bytes.)
 
 # %%
 def adler32(data):

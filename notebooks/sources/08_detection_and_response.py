@@ -5,13 +5,13 @@
 #
 # **What you will learn**
 #
-# - to turn the disclosure's customer checklist into code over your own gateway log, and why each edge matters: one exact model id, both days at the ends of the window, prompts *strictly* above 681,280 tokens;
-# - why the HTTP status told you nothing, and the one outward tell that did: a first token too soon for the size of the prompt;
-# - to search stored replies for data that is not yours, and where pattern matching stops and a person has to read;
-# - what to do next: quarantine, keep the outputs out of other systems and training sets, rotate credentials, ask about notification duties, contact the provider;
+# - to turn the disclosure's customer checklist into code over your gateway log, edges included: one exact model id, both end days of the window, prompts *strictly* above 681,280 tokens;
+# - why the HTTP status told you nothing, and the one outward tell: a first token too soon for the prompt's size;
+# - to search stored replies for data not yours, and where patterns stop and a person must read;
+# - the response: quarantine, keep outputs out of other systems and training sets, rotate credentials, ask about notification duties, contact the provider;
 # - what the disclosure tells you, and what it leaves open.
 #
-# You play Northwind, a fictional law firm that reviews bundles of contracts with hosted models. Its gateway logged every call in August and September 2026 in `data/gateway_logs.jsonl.gz`: 40,000 lines written from seed 0 by `python -m minikv make-logs data/gateway_logs.jsonl.gz`. The log is synthetic; the incident inside it follows the disclosed facts in [`docs/incident.md`](../docs/incident.md), and everything else in it (Northwind, its accounts, which calls leaked what, the exact times) is our invention. Token counts here are the real ones, unscaled: a gateway log holds counts, not KV pages, so the 1/1024 scale of the engine notebooks does not apply.
+# You play Northwind, a fictional law firm reviewing contract bundles with hosted models. Its gateway logged every call of August and September 2026 in `data/gateway_logs.jsonl.gz` (40,000 lines from seed 0: `python -m minikv make-logs data/gateway_logs.jsonl.gz`). The incident inside follows [`docs/incident.md`](../docs/incident.md); the rest (Northwind, its accounts, which calls leaked what, the times) is our invention. Token counts are real, unscaled: a log holds counts, not KV pages.
 
 # %%
 import gzip
@@ -32,7 +32,7 @@ from minikv.logs.scan import Checklist, Signals, format_report, implied_prefill_
 # %% [markdown]
 # ## What the disclosure gives you
 #
-# Four facts make the checklist: the model `@cf/zai-org/glm-5.3`; the window 2026-08-27 to 2026-09-09 (UTC); prompts longer than **681,280** tokens, the size of the prefill pool, under an advertised context of **1,048,576**; and **155 responses**, across all customers, that carried fragments of other customers' prompts or generations. minikv keeps the first three as constants.
+# Four facts make the checklist: the model `@cf/zai-org/glm-5.3`; the window 2026-08-27 to 2026-09-09 (UTC); prompts longer than **681,280** tokens (the prefill pool) under an advertised context of **1,048,576**; and **155 responses**, across all customers, carrying fragments of others' prompts or generations. minikv keeps the first three as constants.
 
 # %%
 print(INCIDENT_MODEL, INCIDENT_FIRST_DAY, INCIDENT_LAST_DAY, f"{PREFILL_POOL_TOKENS:,}", f"{CONTEXT_WINDOW_TOKENS:,}")
@@ -42,7 +42,7 @@ assert (PREFILL_POOL_TOKENS, CONTEXT_WINDOW_TOKENS) == (681_280, 1_048_576)
 # %% [markdown]
 # ## The log
 #
-# One JSON object per line: when (ISO 8601, UTC), which request and account, which model, tokens in and out, the time to first token (`ttft_ms`), the HTTP status and the stored reply. Here is the first line as the gateway wrote it.
+# One JSON object per line: time (ISO 8601, UTC), request and account, model, tokens in and out, time to first token (`ttft_ms`), HTTP status, stored reply. The first line:
 
 # %%
 with gzip.open(SHIPPED_LOG, "rt") as f:
@@ -51,7 +51,7 @@ print(first_line)
 assert json.loads(first_line)["timestamp"] == "2026-08-01T00:01:39Z"
 
 # %% [markdown]
-# `iter_log` reads the file one line at a time, gzip or not, and turns each line into a `GatewayRecord` (timestamp converted to UTC) or a `MalformedLine` that says what is wrong. Real logs are untidy and this one is too: a line cut short by a crash and a count stored as text are skipped and reported with their line numbers, never dropped in silence.
+# `iter_log` reads the file line by line, gzip or not, into `GatewayRecord`s (timestamps in UTC) or `MalformedLine`s saying what is wrong. Real logs are untidy, and so is this one: a line cut short by a crash and a count stored as text are skipped and reported with their line numbers, never dropped silently.
 
 # %%
 items = list(iter_log(SHIPPED_LOG))
@@ -63,7 +63,7 @@ for m in malformed:
 assert len(items) == 40_000 and len(malformed) == 2
 
 # %% [markdown]
-# Northwind uses five models. GLM-5.3, with its million-token context, gets the biggest share: whole contract bundles go to it.
+# Northwind uses five models; GLM-5.3, with its million-token context, gets the biggest share: whole contract bundles.
 
 # %%
 calls_per_model = Counter(r.model for r in records)
@@ -74,7 +74,7 @@ assert len(calls_per_model) == 5 and calls_per_model.most_common(1)[0][0] == INC
 # %% [markdown]
 # ## Step 1: calls to that model inside the window
 #
-# The window is a range of UTC *days*, both included: from 2026-08-27 00:00:00 to 2026-09-09 23:59:59. Take the date only after converting to UTC. Two lines in this log were written by other clocks: one in local time (+02:00), one with no zone at all, which minikv reads as UTC and says so.
+# The window is a range of UTC *days*, both included: 2026-08-27 00:00:00 to 2026-09-09 23:59:59. Convert to UTC before taking the date: one line here is in local time (+02:00), one has no zone (minikv reads it as UTC and says so).
 
 # %%
 zoneless = [r for r in records if r.zone_assumed]
@@ -99,7 +99,7 @@ assert len(step1) == 3_262
 # %% [markdown]
 # ## Step 2: keep the prompts above 681,280 tokens
 #
-# Every affected response answered a prompt *longer than* 681,280 tokens, so the test is strictly above: a prompt of exactly 681,280 tokens fit the pool and is out. `scan_log` runs the same checklist while streaming the file, and must agree with the list built by hand.
+# Every affected response answered a prompt *longer than* 681,280 tokens: a prompt of exactly 681,280 fit the pool and is out. `scan_log` runs the same checklist while streaming the file, and must agree with the list built by hand.
 
 # %%
 step2 = [r for r in step1 if r.prompt_tokens > PREFILL_POOL_TOKENS]
@@ -111,7 +111,7 @@ assert len(step2) == 22 and len(exactly_the_pool) == 1
 
 
 # %% [markdown]
-# Off-by-one mistakes live at the edges. Here are the long GLM-5.3 calls at the first and last second of a day around the window, and the long calls to other models inside it.
+# Off-by-one mistakes live at the edges: the long GLM-5.3 calls at a day's first and last second around the window, and long calls to other models inside it.
 
 # %%
 def show(r: GatewayRecord) -> str:
@@ -135,11 +135,11 @@ print(statuses)
 assert statuses == {200: 20, 503: 2}
 
 # %% [markdown]
-# Twenty of the 22 calls came back 200 with a fluent reply, and with `prompt_tokens` showing the whole long prompt. The two 503s fell inside the window in which the provider's status page reported "increased errors" (14:25 to 20:09 UTC on 9 September). The disclosure says the model was taken private that day and restored the same evening; that it was unavailable for exactly those hours is our synthetic log's assumption, not the disclosure's. A monitor that checks status codes, like the operators' own long-context tests, sees nothing wrong here.
+# Twenty of the 22 calls came back 200 with a fluent reply and a `prompt_tokens` showing the whole long prompt. The two 503s fell in the status page's "increased errors" window (14:25 to 20:09 UTC, 9 September); that the model was down for exactly those hours is our log's assumption, not the disclosure's. A monitor of status codes, like the operators' long-context tests, sees nothing wrong.
 #
 # ## The one outward tell: time to first token
 #
-# Reading a prompt takes time in proportion to its length. Divide prompt tokens by the time to first token and you get the *implied prefill rate*. Healthy servers in this log read 9,000 to 45,000 tokens a second. A reply whose first token came sooner than any server could read the prompt did not read the prompt. minikv flags rates above a ceiling, 100,000 tokens/s by default; set it from your own traffic.
+# Reading a prompt takes time in proportion to its length: prompt tokens divided by the time to first token is the *implied prefill rate*. Healthy servers here read 9,000 to 45,000 tokens a second; a first token sooner than any server could read the prompt means it was not read. minikv flags rates above a ceiling (100,000 tokens/s by default; set it from your own traffic).
 
 # %%
 ceiling = Signals().max_prefill_tokens_per_s
@@ -160,7 +160,7 @@ ax.legend(loc="upper left")
 plt.show()
 
 # %% [markdown]
-# The red points at the bottom right answered a prompt of 700,000 tokens or more in well under a second: the decode node read one freshly written page and, after it, pages full of other people's data.
+# The red points at the bottom right answered 700,000 tokens or more in well under a second: decode read one fresh page, then pages of other people's data.
 
 # %%
 too_fast = [r for r in step2 if (implied_prefill_rate(r) or 0) > ceiling]
@@ -169,7 +169,7 @@ print(f"{len(too_fast)} of the {len(step2)} calls came back faster than {ceiling
 assert len(too_fast) == 18 and slowest > 10 * ceiling
 
 # %% [markdown]
-# The other four calls in the set: the two 503s, with no first token to time, and two calls after 20:09 on 9 September, when (in our synthetic log) the fixed service read the whole prompt and took a minute or more. The checklist is a superset by design: every affected response is in it, but not every call in it was affected.
+# The other four: the two 503s (no first token to time) and two calls after 20:09 on 9 September, which the fixed service (in our log) read in a minute or more. The checklist is a superset by design: every affected response is in it, not every call in it was affected.
 
 # %%
 for r in step2:
@@ -178,7 +178,7 @@ for r in step2:
 assert all(r.timestamp >= OUTAGE_START for r in step2 if r not in too_fast)
 
 # %% [markdown]
-# The signal is a lead, not a verdict. A few grey points sit below the dashed line too: a second question about the same contract bundle hits the server's prefix cache and skips most of the reading. They are far from the set's prompt sizes, and the checklist, not the signal, decides what is affected.
+# The signal is a lead, not a verdict: a few grey points sit below the dashed line too, second questions about one bundle that hit the prefix cache and skip most of the reading. The checklist, not the signal, decides what is affected.
 
 # %%
 fast_outside = [f.record for f in result.flags if "ttft_anomaly" in f.reasons and f.record.request_id not in in_set]
@@ -188,7 +188,7 @@ assert fast_outside and max(r.prompt_tokens for r in fast_outside) < PREFILL_POO
 # %% [markdown]
 # ## A timeline
 #
-# Where in time did the set fall? Each long GLM-5.3 call is a point; the window is shaded, the day the researcher reported it and the status page's error window are marked.
+# Where in time did the set fall? Each long GLM-5.3 call is a point; the window is shaded; the report day and the error window are marked.
 
 # %%
 utc = timezone.utc
@@ -223,7 +223,7 @@ assert INCIDENT_FIRST_DAY <= min(days) and max(days) <= INCIDENT_LAST_DAY
 # %% [markdown]
 # ## Step 3: review the stored replies
 #
-# Now read what came back. minikv looks in every reply for strings shaped like secrets: card numbers that pass the Luhn check, API keys, e-mail addresses, and any pattern you add. Northwind's own replies carry none of these, so every hit here is a piece of someone else's data.
+# Now read what came back. minikv looks in every reply for secret-shaped strings: card numbers passing the Luhn check, API keys, e-mail addresses, any pattern you add. Northwind's own replies carry none, so every hit is someone else's data.
 
 # %%
 reasons_by_id = {f.record.request_id: f.reasons for f in result.flags}
@@ -234,11 +234,11 @@ with_secrets = [r for r in step2 if set(reasons_by_id.get(r.request_id, [])) - {
 assert len(with_secrets) == 10
 
 # %% [markdown]
-# Three things stand out. Patterns catch only part of it: Initech's board minutes and a patient's record are somebody's documents that no default pattern knows, so a person has to read every reply in the set, flagged or not (exercise 2 adds a pattern). The account `northwind-batch` stores no reply bodies: five replies in the set can never be reviewed, so treat them as exposed. And the two replies served after the fix read like Northwind's own work, as they should.
+# Three things stand out. Patterns catch only part: Initech's board minutes and a patient's record match no default pattern, so a person reads every reply in the set, flagged or not (exercise 2 adds a pattern). `northwind-batch` stores no reply bodies: five replies can never be reviewed, so treat them as exposed. The two replies served after the fix read like Northwind's own work.
 #
 # ## Step 4: were you a source?
 #
-# Your replies show what you *received*. Whether your data went to someone else, your log cannot show: any call to the model inside the window, of any length, left pages in the shared pool that a later over-long request could have read.
+# Your replies show what you *received*; whether your data went out, your log cannot show: any call to the model in the window, of any length, left pages a later over-long request could read.
 
 # %%
 sources = Counter(r.account for r in step1 if r.status == 200)
@@ -247,17 +247,17 @@ for account, n in sources.most_common():
 assert sum(sources.values()) == 3_175
 
 # %% [markdown]
-# The gateway keeps token counts, not prompts. To know whether those prompts carried keys, passwords or personal data, look at the application that built them. Rotate every credential that may have been sent, and ask whoever handles privacy whether a notification duty applies.
+# The gateway keeps counts, not prompts: ask the application that built them whether they carried keys, passwords or personal data. Rotate every credential that may have been sent, and ask whoever handles privacy whether a notification duty applies.
 #
 # ## Respond
 #
 # 1. **Quarantine** every reply in the checklist's set, flagged or not, reviewed or not.
-# 2. **Keep them out of other systems**: search indexes, CRM notes, caches, analytics, and above all fine-tuning and evaluation sets.
+# 2. **Keep them out of other systems**: indexes, CRM notes, caches, analytics, above all fine-tuning and evaluation sets.
 # 3. **Rotate credentials** you may have sent in the window.
-# 4. **Ask about notification duties**, both for data you received and for data of yours that may have gone out.
-# 5. **Contact the provider** through its support and security-report channels, with request ids and timestamps (the `--json` report has them), and ask whether your account was a source.
+# 4. **Ask about notification duties**, for data received and data of yours that may have gone out.
+# 5. **Contact the provider** (support and security-report channels) with request ids and timestamps (the `--json` report has them); ask whether your account was a source.
 #
-# Step 1 in code: whatever builds a training set from stored replies must subtract the quarantine.
+# Step 1 in code: a training set built from stored replies must subtract the quarantine.
 
 # %%
 quarantine = set(result.affected_ids)
@@ -276,7 +276,7 @@ assert not [r for r in kept if set(reasons_by_id.get(r.request_id, [])) - {"ttft
 #     --min-prompt-tokens 681280 --max-prefill-rate 100000 --pattern 'MRN \d{8}'
 # ```
 #
-# The exit status is 0 when nothing was found, 1 when something needs review, 2 when the log could not be scanned. The text report starts and ends like this:
+# Exit status 0: nothing found; 1: something needs review; 2: the log could not be scanned. The text report starts and ends like this:
 
 # %%
 report = format_report(result, checklist, Signals(), "data/gateway_logs.jsonl.gz").splitlines()
@@ -287,13 +287,13 @@ assert report[-1] == result.zone_note()
 # %% [markdown]
 # ## What the disclosure tells you, and what it does not
 #
-# It tells you which model, which days and which prompt sizes; that 155 responses, across all customers, carried other customers' data; that they came back 200 with a normal-looking usage field and a reply faster than the prompt allows; that no other model was affected; and that no sign of deliberate exploitation was found. That is enough to draw a set around every call that could have received someone else's data.
+# It tells you the model, the days and the prompt sizes; that 155 responses across all customers carried others' data, each a 200 with a normal usage field and a reply faster than the prompt allows; that no other model was affected; that no deliberate exploitation was seen. Enough to draw a set around every call that could have received someone else's data.
 #
-# It does not tell you whether a given call in your set was one of the 155: the set is a superset, and only your own timing and reading narrow it. It does not say what kind of data leaked, whether it was personal data, or which customers were the sources, so your log cannot tell you whether *your* prompts reached someone else. And the second family of bugs, late RDMA writes from aborted requests, comes with no test a customer can run. Those answers only the provider has: ask.
+# It does not tell you which calls in your set were among the 155 (your timing and reading narrow it), what kind of data leaked, whether it was personal, or whose it was: your log cannot tell whether *your* prompts reached someone else. The late RDMA writes of aborted requests come with no customer test at all. Only the provider has those answers: ask.
 #
 # ## Exercises
 #
-# Each exercise has a checker that tries your answer on small logs it generates, where it knows the right answer; then the cell after the hidden solution applies it to Northwind's log. The solution sits in the hidden cell under each one (click the collapsed cell to show it).
+# Each checker tries your answer on small logs it generates, where it knows the answer; the cell after the hidden solution (click the collapsed cell) applies it to Northwind's log.
 #
 # **Exercise 1.** Some replies in the checklist's set came back 200 but were never stored, so no one can read them. Write `unreviewable(affected)`: given the records in the set, the request ids of those replies.
 
@@ -340,7 +340,7 @@ print(f"{len(mrn_hits)} replies in Northwind's log hold a record number, all in 
 assert mrn_hits and mrn_hits <= in_set
 
 # %% [markdown]
-# **Exercise 3.** Write `choose_ceiling(records, in_set, outage_start)`: from a log, a prefill-rate ceiling at which the TTFT signal flags every call in the set that came back 200 before `outage_start`, and not a single call outside the set. The checker tries it on five generated logs, each with servers of a different speed, so no fixed number passes. Then: how wide is the range that works in Northwind's log, and what would narrow it in a real one?
+# **Exercise 3.** Write `choose_ceiling(records, in_set, outage_start)`: from a log, a prefill-rate ceiling at which the TTFT signal flags every call in the set that came back 200 before `outage_start`, and no call outside it. The checker tries five generated logs with servers of different speeds, so no fixed number passes. Then: how wide is the working range in Northwind's log, and what would narrow it in a real one?
 
 # %%
 def choose_ceiling(records, in_set, outage_start):

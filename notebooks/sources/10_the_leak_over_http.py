@@ -206,7 +206,9 @@ assert refusal.status_code == 400 and refusal.body["code"] == "context_length_ex
 #    key B's requests for key A's prompts faster than fresh ones? Only if B read the cache A filled.
 #
 # The probe is bounded (`--budget` requests, 200 by default; `--time-limit` seconds). Exit status 0
-# means every check passed, 1 that one failed, 2 that the endpoint could not be probed.
+# means every check passed, 1 that one failed, 2 that the endpoint could not be probed or a check could
+# not finish (a refused key, no usage reported, the budget or time limit reached, requests that failed
+# with 5xx: `docs/serve.md` lists every case).
 #
 # A canary that does not come back proves little: what a leak shows depends on what the freed pages hold
 # at that moment, and the probe's PASS says so in words. So that each verdict below is taken on a known

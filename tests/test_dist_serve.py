@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 from http import HTTPStatus
+from pathlib import Path
 
 import httpx
 import openai
@@ -52,6 +54,40 @@ def running(pid: int) -> bool:
         return False
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every descendant still running (read from /proc)."""
+    tree, i = [pid], 0
+    while i < len(tree):
+        for task in Path(f"/proc/{tree[i]}/task").glob("*"):
+            try:
+                tree += [int(c) for c in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                pass
+        i += 1
+    return tree
+
+
+def listeners(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket that the processes of `pid`'s tree listen on."""
+    inodes = set()
+    for p in process_tree(pid):
+        for fd in Path(f"/proc/{p}/fd").glob("*"):
+            try:
+                inodes.add(os.readlink(fd))
+            except FileNotFoundError:
+                pass
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            address, port = fields[1].split(":")
+            if fields[3] == "0A" and f"socket:[{fields[9]}]" in inodes:  # 0A: LISTEN
+                raw = bytes.fromhex(address)  # each 32-bit word in host (little-endian) order
+                ip = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add((str(ipaddress.ip_address(ip)), int(port, 16)))
+    return found
+
+
 def worker_pids(server) -> dict[str, int]:
     return {name: w["pid"] for name, w in server.health()["workers"].items()}
 
@@ -81,6 +117,14 @@ def test_startup_log_has_both_workers(safe_server):
     assert "[prefill] KV pool: 42 pages" in out and "gloo rank 0" in out
     assert "[decode] KV pool: 125 pages" in out and "gloo rank 1" in out
     assert "two worker processes" in out
+
+
+def test_every_listener_of_the_pair_is_on_loopback(safe_server):
+    """The server, both workers, their TCPStore and gloo's sockets: nothing listens outside 127.0.0.1 and ::1."""
+    found = listeners(safe_server.process.pid)
+    assert len(process_tree(safe_server.process.pid)) >= 3 and len(found) >= 3, found  # uvicorn, the store, gloo
+    assert ("127.0.0.1", safe_server.port) in found
+    assert {ip for ip, _ in found} <= {"127.0.0.1", "::1"}, found
 
 
 def test_greedy_answers_equal_the_in_process_server(safe_server, tiny):

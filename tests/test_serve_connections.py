@@ -1,0 +1,117 @@
+"""`minikv serve` as a server: what idle, slow and surplus connections cost it (docs/serve.md, "Connections")."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+
+import httpx
+import pytest
+
+from minikv.serve.connections import HEADER_TIMEOUT_S
+from minikv.serve.launch import ServerProcess
+
+MODEL = "tiny-llama"
+KEY = "sk-conn-0001"
+CLOSED_WITHIN_S = 10.0  # what the server promises for a connection that never sends a whole request head
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("conn") / "gateway.jsonl"
+    with ServerProcess(["--api-key", f"alice={KEY}", "--log", str(log)]) as s:
+        s.log = log
+        yield s
+
+
+def answered(server, prompt: str = "alice: save pin 4821.\n") -> str:
+    """A legitimate client's reply text."""
+    r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 20},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def open_sockets(port: int, count: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.setblocking(False)
+        socks.append(s)
+    return socks
+
+
+def wait_closed(idle: list[socket.socket], slow: list[socket.socket], limit_s: float) -> dict[socket.socket, float]:
+    """When the server closed each socket (seconds from now), the slow ones sending a header line a second
+    meanwhile; stops by itself after `limit_s`."""
+    start, closed, next_send = time.monotonic(), {}, 0.0
+    sel = selectors.DefaultSelector()
+    for s in idle + slow:
+        sel.register(s, selectors.EVENT_READ)
+    while len(closed) < len(idle) + len(slow) and time.monotonic() - start < limit_s:
+        now = time.monotonic() - start
+        if now >= next_send:  # slowloris: the head grows, never ends
+            for s in slow:
+                if s not in closed:
+                    try:
+                        s.send(b"X-Slow: 1\r\n")
+                    except OSError:
+                        closed[s] = now
+            next_send = now + 1.0
+        for key, _ in sel.select(timeout=0.2):
+            try:
+                data = key.fileobj.recv(4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data and key.fileobj not in closed:
+                closed[key.fileobj] = time.monotonic() - start
+                sel.unregister(key.fileobj)
+    sel.close()
+    return closed
+
+
+def test_idle_and_slow_connections_are_closed_and_a_client_is_answered_beside_500(server):
+    """250 sockets that send nothing and 250 that send their headers a line a second: a client is answered
+    beside them, and the server closes every one of the 500 within 10 s."""
+    assert HEADER_TIMEOUT_S < CLOSED_WITHIN_S
+    idle = open_sockets(server.port, 250)
+    slow = open_sockets(server.port, 250)
+    try:
+        for s in slow:
+            s.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert answered(server) == "saved pin 4821."
+        closed = wait_closed(idle, slow, CLOSED_WITHIN_S + 2)
+        assert len(closed) == 500 and max(closed.values()) < CLOSED_WITHIN_S, (len(closed), max(closed.values(), default=0))
+    finally:
+        for s in idle + slow:
+            s.close()
+    assert answered(server) == "saved pin 4821."
+
+
+class DescriptorLimited(ServerProcess):
+    """A server whose process may hold at most `nofile` descriptors (prlimit, hard and soft)."""
+
+    nofile = 256
+
+    def start(self, command, env, output, new_session=False) -> None:
+        super().start(["prlimit", f"--nofile={self.nofile}", "--", *command], env, output, new_session)
+
+
+def test_at_the_descriptor_limit_one_line_not_a_traceback_per_accept():
+    """400 sockets at a server limited to 256 descriptors: a line or two in its log, no traceback, and once they
+    are gone it answers again."""
+    with DescriptorLimited(["--api-key", f"alice={KEY}"]) as s:
+        before = len(s.output())
+        socks = open_sockets(s.port, 400)
+        try:
+            time.sleep(3.0)  # the accept loop's retries, thousands a second before
+            said = s.output()[before:]
+        finally:
+            for sock in socks:
+                sock.close()
+        assert "Traceback" not in said and len(said.splitlines()) <= 2, said[:2000]
+        assert "descriptor limit" in said or "connections open (the cap)" in said, said
+        assert answered(s) == "saved pin 4821."

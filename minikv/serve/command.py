@@ -76,6 +76,7 @@ def build_server(args: argparse.Namespace, model, tokenizer):
 
     from minikv.disagg.cluster import StartupRefused
     from minikv.disagg.dist.cluster import WorkerStartError
+    from minikv.engine.front_door import UNTOKENIZED_FACTOR
     from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.connections import KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol, quiet_accept_errors
@@ -105,7 +106,8 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
     ]
-    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.admin_key)
+    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.admin_key,
+                              UNTOKENIZED_FACTOR * context_len * backend.chars_per_token)
     warner = Warner()
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on",

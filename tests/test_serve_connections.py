@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.serve.connections import HEADER_TIMEOUT_S
 from minikv.serve.launch import ServerProcess
 
@@ -31,6 +32,10 @@ def answered(server, prompt: str = "alice: save pin 4821.\n") -> str:
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["text"]
+
+
+def rows(server) -> list[GatewayRecord]:
+    return [r for r in iter_log(server.log) if isinstance(r, GatewayRecord)]
 
 
 def open_sockets(port: int, count: int) -> list[socket.socket]:
@@ -115,3 +120,23 @@ def test_at_the_descriptor_limit_one_line_not_a_traceback_per_accept():
         assert "Traceback" not in said and len(said.splitlines()) <= 2, said[:2000]
         assert "descriptor limit" in said or "connections open (the cap)" in said, said
         assert answered(s) == "saved pin 4821."
+
+
+def test_the_gateway_log_is_the_owners_alone(server):
+    """The log holds every reply in clear text: created 0600, whatever the umask (022 made it 0644)."""
+    answered(server)
+    assert server.log.stat().st_mode & 0o777 == 0o600, oct(server.log.stat().st_mode)
+
+
+def test_a_499_row_counts_the_prompt(server):
+    """The client of a long non-streamed reply leaves: its 499 row has the prompt's real token count, not 0."""
+    prompt = "1 2 3 4 5 6 7 8 9 10 11 12"  # the model goes on counting
+    before = len(rows(server))
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 900},
+                   headers={"Authorization": f"Bearer {KEY}"}, timeout=httpx.Timeout(60, read=0.6))
+    deadline = time.monotonic() + 10
+    while len(rows(server)) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    new = rows(server)[before:]
+    assert [(r.status, r.prompt_tokens) for r in new] == [(499, len(prompt))]  # one token a character

@@ -130,6 +130,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     except ClientDisconnect:  # the client left while sending its body: nothing to answer
         gateway.write(call, 499)
         return Response(status_code=499)
+    call.prompt_tokens = len(prompt_ids)  # what a 499 row records if the client leaves before the answer
     ticket = Ticket(request, body.stream, asyncio.get_running_loop(), prompt_ids=prompt_ids)
     loop.submit(ticket)
     first = await next_update(ticket, http)  # without streaming, the loop sends the Answer alone

@@ -139,6 +139,9 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         gateway.write(call, 499, ticket.tokens_seen)
         return Response(status_code=499)
     if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
+        if await http.is_disconnected():  # it left (or half-closed: a FIN is all TCP shows) as the answer came
+            gateway.write(call, 499, first.usage.completion_tokens)
+            return Response(status_code=499)
         log_answer(gateway, call, first)
         if first.status != HTTPStatus.OK:
             return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()

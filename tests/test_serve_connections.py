@@ -146,7 +146,7 @@ def test_a_half_closed_client_is_logged_as_gone_not_as_served(server):
     """A client sends its request and shuts down its write side: TCP shows a FIN, as for a client that left.
     The server takes it for gone (as nginx's 499): nothing is sent, and the log says 499 with no text, not 200."""
     before = len(rows(server))
-    body = b'{"model": "tiny-llama", "prompt": "alice: save pin 7734.\\n", "max_tokens": 20}'
+    body = b'{"model": "tiny-llama", "prompt": "alice: save pin 7734.\\n", "max_tokens": 2}'  # before any poll
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
                   b"Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -159,4 +159,4 @@ def test_a_half_closed_client_is_logged_as_gone_not_as_served(server):
         time.sleep(0.1)
     new = rows(server)[before:]
     assert [(r.status, r.response_text) for r in new] == [(499, "")], (new, received[:200])
-    assert b"saved pin" not in received
+    assert b"choices" not in received

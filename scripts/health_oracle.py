@@ -58,8 +58,9 @@ def main() -> None:
             readings[busy].append(window(server, busy))
     u = mannwhitneyu(readings[True], readings[False], alternative="two-sided").statistic
     auc = u / (len(readings[True]) * len(readings[False]))
-    print(f"/health round trip, median of {POLLS} polls: A busy {statistics.median(readings[True]):.2f} ms, "
-          f"A idle {statistics.median(readings[False]):.2f} ms; ROC AUC {auc:.2f} ({args.trials} trials each)")
+    busy, idle = statistics.median(readings[True]), statistics.median(readings[False])
+    print(f"/health round trip, median of {POLLS} polls: A busy {busy:.2f} ms, A idle {idle:.2f} ms; "
+          f"ROC AUC {auc:.2f} ({args.trials} trials each)")
 
 
 if __name__ == "__main__":

@@ -119,9 +119,9 @@ def test_startup_log_has_both_workers(safe_server):
 
 
 def test_every_listener_of_the_pair_is_on_loopback(safe_server):
-    """The server, both workers, their TCPStore and gloo's sockets: nothing listens outside 127.0.0.1 and ::1."""
+    """The server, both workers, their TCPStore and gloo's sockets: nothing listens outside loopback."""
     found = listeners(safe_server.process.pid)
-    assert len(process_tree(safe_server.process.pid)) >= 3 and len(found) >= 3, found  # uvicorn, the store, gloo
+    assert len(process_tree(safe_server.process.pid)) >= 3 and len(found) >= 3, found  # uvicorn, store, gloo
     assert ("127.0.0.1", safe_server.port) in found
     assert {ip for ip, _ in found} <= {"127.0.0.1", "::1"}, found
 
@@ -220,13 +220,13 @@ def test_a_stopped_worker_is_detected_and_gives_503(tiny):
     the pair is declared down and the request gets a 503, in this order: the stop, the 503, and only then the
     stopped worker's end (the front door posts the 503s before it waits out the worker's stop).
 
-    It asserts the order of events, not a duration: the server's own 10 s stall timeout, not a shortened one."""
+    It asserts the order of events, not a duration, at the server's own 10 s stall timeout."""
     assert 3 * HEARTBEAT_S <= dist_cluster.STALL_S
     with ServerThread(["--disagg", "--transport", "distributed", "--preset", "safe", "--context-len", "672",
                        "--api-key", f"alice={KEY_A}"], *tiny) as server:
         pids = worker_pids(server)
         stopped = threading.Event()
-        outcome: list[tuple[BaseException | str, bool, bool]] = []  # (reply, after the stop?, decode still there?)
+        outcome: list[tuple[BaseException | str, bool, bool]] = []  # (reply, after the stop?, decode there?)
 
         def long_request() -> None:
             try:
@@ -246,9 +246,11 @@ def test_a_stopped_worker_is_detected_and_gives_503(tiny):
             thread.join(dist_cluster.STALL_S + 30)
             assert not thread.is_alive(), "the live request hung behind a stopped worker"
             reply, after_stop, decode_there = outcome[0]
-            assert isinstance(reply, openai.APIStatusError) and reply.status_code == HTTPStatus.SERVICE_UNAVAILABLE
-            assert after_stop and decode_there, outcome  # the 503 came after the stop, before the worker's end
-            assert "decode worker" in server.health()["failure"] and "stopped answering" in server.health()["failure"]
+            assert isinstance(reply, openai.APIStatusError)
+            assert reply.status_code == HTTPStatus.SERVICE_UNAVAILABLE
+            assert after_stop and decode_there, outcome  # the 503: after the stop, before the worker's end
+            failure = server.health()["failure"]
+            assert "decode worker" in failure and "stopped answering" in failure
         finally:
             if running(pids["decode"]):  # the front door kills it in the end
                 os.kill(pids["decode"], signal.SIGKILL)

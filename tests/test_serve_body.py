@@ -1,4 +1,4 @@
-"""Bodies are parsed and validated off the event loop, and their size is bounded before that work (docs/serve.md)."""
+"""Bodies are parsed and validated off the event loop, their size bounded before that work (docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,10 @@ def test_the_loop_runs_while_a_body_is_validated(monkeypatch):
     assert len(seen) == 1 and seen[0][0] > 0 and not seen[0][1], seen
 
 
-@pytest.mark.parametrize("body,param", [(chat(30_000), "messages"),
-                                        ({"model": "m", "messages": [{"role": "user", "content": "a" * 5000}]}, "messages"),
+LONG_CHAT = {"model": "m", "messages": [{"role": "user", "content": "a" * 5000}]}
+
+
+@pytest.mark.parametrize("body,param", [(chat(30_000), "messages"), (LONG_CHAT, "messages"),
                                         ({"model": "m", "prompt": "a" * 5000}, "prompt")])
 def test_oversized_prompts_are_refused_before_validation(monkeypatch, body, param):
     """30,000 messages, or more characters than four windows: 400 context_length_exceeded, never validated."""

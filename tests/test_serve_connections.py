@@ -1,4 +1,4 @@
-"""`minikv serve` as a server: what idle, slow and surplus connections cost it (docs/serve.md, "Connections")."""
+"""`minikv serve` as a server: what idle, slow and surplus connections cost it (docs/serve.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def server(tmp_path_factory):
 
 def answered(server, prompt: str = "alice: save pin 4821.\n") -> str:
     """A legitimate client's reply text."""
-    r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 20},
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 20}
+    r = httpx.post(server.base_url + "/completions", json=body,
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["text"]
@@ -47,7 +48,8 @@ def open_sockets(port: int, count: int) -> list[socket.socket]:
     return socks
 
 
-def wait_closed(idle: list[socket.socket], slow: list[socket.socket], limit_s: float) -> dict[socket.socket, float]:
+def wait_closed(idle: list[socket.socket], slow: list[socket.socket],
+                limit_s: float) -> dict[socket.socket, float]:
     """When the server closed each socket (seconds from now), the slow ones sending a header line a second
     meanwhile; stops by itself after `limit_s`."""
     start, closed, next_send = time.monotonic(), {}, 0.0
@@ -89,7 +91,8 @@ def test_idle_and_slow_connections_are_closed_and_a_client_is_answered_beside_50
             s.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         assert answered(server) == "saved pin 4821."
         closed = wait_closed(idle, slow, CLOSED_WITHIN_S + 2)
-        assert len(closed) == 500 and max(closed.values()) < CLOSED_WITHIN_S, (len(closed), max(closed.values(), default=0))
+        last = max(closed.values(), default=0.0)
+        assert len(closed) == 500 and last < CLOSED_WITHIN_S, (len(closed), last)
     finally:
         for s in idle + slow:
             s.close()
@@ -106,8 +109,8 @@ class DescriptorLimited(ServerProcess):
 
 
 def test_at_the_descriptor_limit_one_line_not_a_traceback_per_accept():
-    """400 sockets at a server limited to 256 descriptors: a line or two in its log, no traceback, and once they
-    are gone it answers again."""
+    """400 sockets at a server limited to 256 descriptors: a line or two in its log, no traceback, and
+    once they are gone it answers again."""
     with DescriptorLimited(["--api-key", f"alice={KEY}"]) as s:
         before = len(s.output())
         socks = open_sockets(s.port, 400)
@@ -129,11 +132,12 @@ def test_the_gateway_log_is_the_owners_alone(server):
 
 
 def test_a_499_row_counts_the_prompt(server):
-    """The client of a long non-streamed reply leaves: its 499 row has the prompt's real token count, not 0."""
+    """The client of a long non-streamed reply leaves: its 499 row counts the prompt's tokens, not 0."""
     prompt = "1 2 3 4 5 6 7 8 9 10 11 12"  # the model goes on counting
     before = len(rows(server))
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 900},
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 900}
+        httpx.post(server.base_url + "/completions", json=body,
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=httpx.Timeout(60, read=0.6))
     deadline = time.monotonic() + 10
     while len(rows(server)) == before and time.monotonic() < deadline:
@@ -144,12 +148,13 @@ def test_a_499_row_counts_the_prompt(server):
 
 def test_a_half_closed_client_is_logged_as_gone_not_as_served(server):
     """A client sends its request and shuts down its write side: TCP shows a FIN, as for a client that left.
-    The server takes it for gone (as nginx's 499): nothing is sent, and the log says 499 with no text, not 200."""
+    The server takes it for gone (nginx's 499): it sends nothing and logs 499 with no text, not 200."""
     before = len(rows(server))
-    body = b'{"model": "tiny-llama", "prompt": "alice: save pin 7734.\\n", "max_tokens": 2}'  # before any poll
+    body = b'{"model": "tiny-llama", "prompt": "alice: save pin 7734.\\n", "max_tokens": 2}'  # before a poll
     with socket.create_connection(("127.0.0.1", server.port), timeout=15) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: "
-                  b"Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n")
+        s.sendall(head.encode() + body)
         s.shutdown(socket.SHUT_WR)
         received = b""
         while chunk := s.recv(65536):

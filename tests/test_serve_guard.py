@@ -11,7 +11,7 @@ from pathlib import Path
 
 from minikv.serve.guard import guarded
 
-# The parent: starts a stand-in server (a shell and two grandchildren, as vLLM's API server and engine processes)
+# The parent: starts a stand-in server (a shell and two grandchildren, as vLLM's API server and engines)
 # under the guard, prints the stand-in's process group, then waits to be killed.
 PARENT = """
 import subprocess, sys, time
@@ -59,9 +59,9 @@ def test_sigkill_of_the_parent_ends_the_whole_stand_in_group():
 
 def test_the_guard_passes_sigterm_on_and_returns_the_status():
     """SIGTERM to the guard: the command gets it and exits; the guard exits with the command's status."""
-    guard = subprocess.Popen(guarded([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
-                                      "lambda *_: sys.exit(3)); print('up', flush=True); time.sleep(60)"]),
-                             stdout=subprocess.PIPE, text=True)
+    command = [sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: "
+               "sys.exit(3)); print('up', flush=True); time.sleep(60)"]
+    guard = subprocess.Popen(guarded(command), stdout=subprocess.PIPE, text=True)
     assert guard.stdout.readline().strip() == "up"
     guard.send_signal(signal.SIGTERM)
     assert guard.wait(20) == 3

@@ -22,8 +22,8 @@ from minikv.engine.front_door import Rejected, check_at_door
 from minikv.engine.request import Response as Answer
 from minikv.serve.engine_loop import EngineLoop, Ticket
 from minikv.serve.gateway import Call, GatewayLog
-from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model, check_prompt_size,
-                                  engine_refusal, reply_body, to_request)
+from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model,
+                                  check_prompt_size, engine_refusal, reply_body, to_request)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a thousand times the shipped model's context window
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
@@ -39,7 +39,7 @@ class ServerSettings:
     api_keys: dict[str, str]  # key -> tenant; empty: everyone is tenant "anon"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     admin_key: str | None = None  # the operator's key: /health shows it what every tenant is doing
-    max_prompt_chars: int | None = None  # longer prompts are refused before the schema's work (None: no bound)
+    max_prompt_chars: int | None = None  # longer prompts: refused before the schema's work (None: no bound)
 
 
 def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
@@ -139,7 +139,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         gateway.write(call, 499, ticket.tokens_seen)
         return Response(status_code=499)
     if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
-        if await http.is_disconnected():  # it left (or half-closed: a FIN is all TCP shows) as the answer came
+        if await http.is_disconnected():  # it left (or half-closed: TCP shows a FIN either way)
             gateway.write(call, 499, first.usage.completion_tokens)
             return Response(status_code=499)
         log_answer(gateway, call, first)
@@ -164,8 +164,8 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
 
 
 def parse_body(raw: bytes, schema: type[BaseModel], settings: ServerSettings) -> SamplingFields:
-    """The body in the endpoint's schema, its size checked before the schema's work; 400 naming the first problem.
-    Seconds of work for a megabyte of small messages: the handler runs it on a worker thread, never the loop."""
+    """The body in the endpoint's schema, its size checked before the schema's work; 400 naming the first
+    problem. Seconds of work for a megabyte of small messages: run on a worker thread, never the loop."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -79,7 +79,8 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     from minikv.engine.front_door import UNTOKENIZED_FACTOR
     from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
-    from minikv.serve.connections import KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol, quiet_accept_errors
+    from minikv.serve.connections import (KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol,
+                                          quiet_accept_errors)
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
     keys, switches = check_args(args)
@@ -106,12 +107,13 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
     ]
-    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.admin_key,
-                              UNTOKENIZED_FACTOR * context_len * backend.chars_per_token)
+    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                              args.admin_key, UNTOKENIZED_FACTOR * context_len * backend.chars_per_token)
     warner = Warner()
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on",
-                            http=guarded_protocol(connection_cap(), warner), timeout_keep_alive=KEEP_ALIVE_S)
+                            access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5,
+                            lifespan="on", http=guarded_protocol(connection_cap(), warner),
+                            timeout_keep_alive=KEEP_ALIVE_S)
 
     class DrainingServer(uvicorn.Server):  # uvicorn alone would cut the streams still open at the end of its grace
         async def startup(self, sockets=None) -> None:

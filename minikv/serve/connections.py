@@ -44,8 +44,9 @@ def connection_cap() -> int:
     return max(1, min(MAX_CONNECTIONS, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
 
 
-def guarded_protocol(cap: int, warner: Warner, header_timeout_s: float = HEADER_TIMEOUT_S) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a head deadline and a connection cap (`Config(http=...)` takes the class)."""
+def guarded_protocol(cap: int, warner: Warner,
+                     header_timeout_s: float = HEADER_TIMEOUT_S) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a head deadline and a connection cap (for `Config(http=...)`)."""
     assert cap > 0 and header_timeout_s > 0
 
     class GuardedH11Protocol(H11Protocol):
@@ -74,7 +75,7 @@ def guarded_protocol(cap: int, warner: Warner, header_timeout_s: float = HEADER_
             self._head_timer = self.loop.call_later(header_timeout_s, self._head_overdue)
 
         def _head_overdue(self) -> None:
-            """Close the connection if it still has not sent a whole request head (h11: the client is IDLE)."""
+            """Close the connection if it has not sent a whole request head yet (h11: client IDLE)."""
             self._head_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()

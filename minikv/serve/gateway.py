@@ -26,7 +26,7 @@ class Call:
 
 
 def private(path: str, flags: int) -> int:
-    """`open`'s opener for a log that holds every reply in clear text: a new file is the owner's alone (0600)."""
+    """`open`'s opener for a log of every reply in clear text: a new file is the owner's alone (0600)."""
     return os.open(path, flags, 0o600)
 
 

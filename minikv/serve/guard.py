@@ -1,8 +1,9 @@
-"""`python minikv/serve/guard.py -- COMMAND...`: run COMMAND in a process group of its own and end the whole group
-with the process that started the guard. A server started in a session of its own (vLLM: an API server and its engine
-processes) would otherwise outlive a SIGKILLed parent; Linux's PR_SET_PDEATHSIG tells this guard, which kills
-every process of its group, grandchildren included. SIGTERM to the guard is passed on, with STOP_GRACE_S to exit. The parent's death is its starting thread's end:
-start the guard from a thread that lives as long as the server should."""
+"""`python minikv/serve/guard.py -- COMMAND...`: run COMMAND in a process group of its own and end that whole
+group with the process that started the guard. A server started in a session of its own (vLLM: an API server
+and its engine processes) would otherwise outlive a SIGKILLed parent; Linux's PR_SET_PDEATHSIG tells the
+guard, which kills every process of the group, grandchildren included. SIGTERM to the guard is passed on, with
+STOP_GRACE_S to exit. The parent's death is the end of the thread that started the guard: start it from one
+that lives as long as the server should."""
 
 import ctypes
 import os
@@ -29,8 +30,8 @@ def raise_stop(*_) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run the command in a group of its own; when it exits, or on SIGTERM or the parent's death (after passing
-    the SIGTERM on), kill that whole group. The command's exit status."""
+    """Run the command in a group of its own; when it exits, or on SIGTERM or the parent's death (after
+    passing the SIGTERM on), kill that whole group. The command's exit status."""
     if argv[:1] != ["--"] or len(argv) < 2:
         print("usage: guard.py -- COMMAND...", file=sys.stderr)
         return 2

@@ -173,7 +173,7 @@ class DistCluster(FrontDoor):
         ended = {f.seq.request_id for f in self._ended}
         self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE)
                         for seq in self.seqs.values() if seq.request_id not in ended]
-        # The 503s go out with this step; stopping a worker that does not answer takes STOP_TIMEOUT_S: on the side.
+        # The 503s go out with this step; stopping a worker that does not answer takes STOP_TIMEOUT_S: aside.
         self._stopper = threading.Thread(target=stop_workers, args=(self.workers, self._commands, self._news),
                                          name="minikv-pair-stop", daemon=True)
         self._stopper.start()

@@ -80,14 +80,15 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
 def loopback_store(rank: int, port: int) -> dist.TCPStore:
     """The pair's TCPStore, listening on 127.0.0.1 only, and gloo's own sockets on loopback too.
 
-    TCPStore binds every interface (`*:PORT`) whatever host it is given, so the prefill worker binds the socket
-    itself and hands it over (`master_listen_fd`, as torchelastic does); gloo binds the interface named here."""
+    TCPStore binds every interface (`*:PORT`) whatever host it is given, so the prefill worker binds the
+    socket itself and hands it over (`master_listen_fd`, as torchelastic does); gloo binds the interface
+    named here."""
     os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE  # read by init_process_group in this worker process
     listen_fd = None
     if rank == PREFILL_RANK:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", port))
-        listen_fd = listener.detach()  # the store's from now on: it listens on it and outlives this socket object
+        listen_fd = listener.detach()  # the store's from now on: it outlives this socket object
     return dist.TCPStore("127.0.0.1", port, 2, is_master=listen_fd is not None, timeout=RENDEZVOUS_TIMEOUT,
                          master_listen_fd=listen_fd)
 

@@ -14,6 +14,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -21,8 +22,8 @@ from minikv.engine.front_door import Rejected, check_at_door
 from minikv.engine.request import Response as Answer
 from minikv.serve.engine_loop import EngineLoop, Ticket
 from minikv.serve.gateway import Call, GatewayLog
-from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model, engine_refusal,
-                                  reply_body, to_request)
+from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model,
+                                  check_prompt_size, engine_refusal, reply_body, to_request)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a thousand times the shipped model's context window
 DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks whether its client is still there
@@ -38,6 +39,7 @@ class ServerSettings:
     api_keys: dict[str, str]  # key -> tenant; empty: everyone is tenant "anon"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     admin_key: str | None = None  # the operator's key: /health shows it what every tenant is doing
+    max_prompt_chars: int | None = None  # longer prompts: refused before the schema's work (None: no bound)
 
 
 def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
@@ -113,8 +115,9 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     call = Call(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", settings.model_name)
     try:
         call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
-        body = await read_body(http, settings.max_body_bytes, ChatBody if chat else CompletionBody)
-        request = to_request(body, call.account, settings.model_name)
+        raw = await read_body(http, settings.max_body_bytes)
+        body = await run_in_threadpool(parse_body, raw, ChatBody if chat else CompletionBody, settings)
+        request = await run_in_threadpool(to_request, body, call.account, settings.model_name)
         try:  # the door's own checks, on a thread of this process
             prompt_ids = await asyncio.to_thread(check_at_door, request, loop.door.tokenizer, settings.context_len,
                                                  loop.door.chars_per_token)
@@ -127,6 +130,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     except ClientDisconnect:  # the client left while sending its body: nothing to answer
         gateway.write(call, 499)
         return Response(status_code=499)
+    call.prompt_tokens = len(prompt_ids)  # what a 499 row records if the client leaves before the answer
     ticket = Ticket(request, body.stream, asyncio.get_running_loop(), prompt_ids=prompt_ids)
     loop.submit(ticket)
     first = await next_update(ticket, http)  # without streaming, the loop sends the Answer alone
@@ -135,6 +139,9 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         gateway.write(call, 499, ticket.tokens_seen)
         return Response(status_code=499)
     if isinstance(first, Answer) and (first.status != HTTPStatus.OK or not body.stream):
+        if await http.is_disconnected():  # it left (or half-closed: TCP shows a FIN either way)
+            gateway.write(call, 499, first.usage.completion_tokens)
+            return Response(status_code=499)
         log_answer(gateway, call, first)
         if first.status != HTTPStatus.OK:
             return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()
@@ -144,8 +151,8 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def read_body(http: HTTPRequest, limit: int, schema: type[BaseModel]) -> SamplingFields:
-    """The body in the endpoint's schema; 413 once over `limit` bytes, 400 naming the first problem (and its field)."""
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The raw body; 413 once over `limit` bytes (declared or streamed)."""
     chunks, size = [], 0
     async for chunk in http.stream():
         size += len(chunk)
@@ -153,13 +160,20 @@ async def read_body(http: HTTPRequest, limit: int, schema: type[BaseModel]) -> S
             raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the limit of {limit:,} bytes",
                            "request_too_large")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, schema: type[BaseModel], settings: ServerSettings) -> SamplingFields:
+    """The body in the endpoint's schema, its size checked before the schema's work; 400 naming the first
+    problem. Seconds of work for a megabyte of small messages: run on a worker thread, never the loop."""
     try:
-        data = json.loads(b"".join(chunks))
+        data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         detail = f": {e.msg} (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
         raise APIError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON{detail}", "invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, not {type(data).__name__}", "invalid_json")
+    check_prompt_size(data, settings.context_len, settings.max_prompt_chars)
     try:
         return schema.model_validate(data)
     except ValidationError as e:

@@ -2,6 +2,7 @@
 SIGTERM drain for --shutdown-grace seconds, then 503 what is still running, and exit 0 (docs/serve.md)."""
 
 import argparse
+import asyncio
 import signal
 import sys
 from pathlib import Path
@@ -75,8 +76,11 @@ def build_server(args: argparse.Namespace, model, tokenizer):
 
     from minikv.disagg.cluster import StartupRefused
     from minikv.disagg.dist.cluster import WorkerStartError
+    from minikv.engine.front_door import UNTOKENIZED_FACTOR
     from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
+    from minikv.serve.connections import (KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol,
+                                          quiet_accept_errors)
     from minikv.serve.engine_loop import EngineLoop, build_backend
     from minikv.serve.gateway import GatewayLog
     keys, switches = check_args(args)
@@ -103,11 +107,19 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
         f"gateway log: {args.log or 'off'}",
     ]
-    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.admin_key)
+    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+                              args.admin_key, UNTOKENIZED_FACTOR * context_len * backend.chars_per_token)
+    warner = Warner()
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5, lifespan="on")
+                            access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5,
+                            lifespan="on", http=guarded_protocol(connection_cap(), warner),
+                            timeout_keep_alive=KEEP_ALIVE_S)
 
     class DrainingServer(uvicorn.Server):  # uvicorn alone would cut the streams still open at the end of its grace
+        async def startup(self, sockets=None) -> None:
+            quiet_accept_errors(asyncio.get_running_loop(), warner)
+            await super().startup(sockets)
+
         def handle_exit(self, sig, frame) -> None:
             loop.drain(args.shutdown_grace)
             super().handle_exit(sig, frame)
@@ -120,8 +132,11 @@ def build_server(args: argparse.Namespace, model, tokenizer):
 def run_serve(args: argparse.Namespace, load) -> int:
     """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
     import torch
+
+    from minikv.serve.connections import raise_descriptor_limit
     check_args(args)
     torch.set_num_threads(args.threads)
+    raise_descriptor_limit()  # before the connection cap is read from it
     model, tokenizer = load(args.model, args.device)
     server, lines = build_server(args, model, tokenizer)
     print("\n".join(lines), flush=True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from minikv.model.checkpoint import default_model_dir
+from minikv.serve.guard import guarded
 from minikv.serve.launch import LocalServer, ServerProcess
 from minikv.serve.peer_venv import PEERS, PeerError, installed, peers_dir, setup_peer, venv_dir
 
@@ -48,7 +49,7 @@ class PeerServer(ServerProcess):
         self.log = venv_dir(name) / f"serve-{self.port}.log"
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
         command = vllm_command(venv_dir(name) / "bin" / "python", model, self.port, num_pages, context_len)
-        self.start(command, env, self.log.open("w+"), new_session=True)
+        self.start(guarded(command), env, self.log.open("w+"), new_session=True)  # vLLM dies with us
 
     def last_words(self) -> str:
         """The last line that names an error (else the last line), and where the whole log is."""

@@ -71,6 +71,25 @@ class ChatBody(SamplingFields):
     max_completion_tokens: StrictInt | None = None  # the newer name for max_tokens
 
 
+def check_prompt_size(data: dict, context_len: int, max_chars: int | None) -> None:
+    """Before any of the schema's work: at most `context_len - 1` chat messages (each is a line: a token at
+    least) and at most `max_chars` characters of prompt in all; 400 context_length_exceeded otherwise."""
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if isinstance(messages, list) and len(messages) > context_len - 1:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"{len(messages):,} messages are at least {len(messages):,} "
+                       f"tokens; the context window is {context_len} tokens (prompt + output)",
+                       "context_length_exceeded", "messages")
+    if isinstance(messages, list):
+        texts = [m.get("content") for m in messages if isinstance(m, dict)]
+    else:
+        texts = prompt if isinstance(prompt, list) else [prompt]
+    size = sum(len(t) for t in texts if isinstance(t, str))
+    if max_chars is not None and size > max_chars:
+        raise APIError(HTTPStatus.BAD_REQUEST, f"the prompt has {size:,} characters, more than {max_chars:,} "
+                       f"(four context windows of {context_len} tokens)", "context_length_exceeded",
+                       "messages" if isinstance(messages, list) else "prompt")
+
+
 def check_model(asked: str, served: str) -> None:
     """404 unless `asked` is the model this server serves."""
     if asked != served:

@@ -9,6 +9,7 @@ import os
 import queue
 import socket
 import sys
+import threading
 import time
 from http import HTTPStatus
 
@@ -57,6 +58,7 @@ class DistCluster(FrontDoor):
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
         self._ended: list[Finished] = []
+        self._stopper: threading.Thread | None = None  # stops the pair's workers after a failure
         self._rooms = itertools.count(1)
         ctx = multiprocessing.get_context("spawn")
         self._news = ctx.Queue()
@@ -171,7 +173,10 @@ class DistCluster(FrontDoor):
         ended = {f.seq.request_id for f in self._ended}
         self._ended += [Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, UNAVAILABLE)
                         for seq in self.seqs.values() if seq.request_id not in ended]
-        stop_workers(self.workers, self._commands, self._news)
+        # The 503s go out with this step; stopping a worker that does not answer takes STOP_TIMEOUT_S: aside.
+        self._stopper = threading.Thread(target=stop_workers, args=(self.workers, self._commands, self._news),
+                                         name="minikv-pair-stop", daemon=True)
+        self._stopper.start()
 
     def health(self) -> dict:
         """Pools and audit as the workers last reported them (news taken first: an idle server no
@@ -195,6 +200,8 @@ class DistCluster(FrontDoor):
     def close(self) -> None:
         """Stop both workers (a shutdown, not a failure). Safe to call twice."""
         self.stopping = True
+        if self._stopper is not None:
+            self._stopper.join()
         stop_workers(self.workers, self._commands, self._news)
 
 

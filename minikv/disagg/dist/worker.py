@@ -6,6 +6,7 @@ process group joined through the bootstrap TCPStore, a node built by `build_node
 import os
 import queue
 import signal
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
 IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
 HEARTBEAT_S = 1.0  # a worker reports at least this often, busy or idle: the front door's sign of life
 WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+LOOPBACK_INTERFACE = "lo"  # gloo's listeners: the pair never leaves this machine
 BACKEND = "gloo"  # on GPUs too (pages staged through host memory): NCCL ignores tags (docs/disagg.md)
 
 
@@ -50,9 +53,8 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
     try:
         torch.set_num_threads(spec.threads)
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
-        timeout = timedelta(seconds=120)
-        store = dist.TCPStore("127.0.0.1", spec.port, 2, is_master=rank == PREFILL_RANK, timeout=timeout)
-        dist.init_process_group(BACKEND, store=store, rank=rank, world_size=2, timeout=timeout)
+        store = loopback_store(rank, spec.port)
+        dist.init_process_group(BACKEND, store=store, rank=rank, world_size=2, timeout=RENDEZVOUS_TIMEOUT)
         role = ROLES[rank]
         pool, audit = node_pool(role, model, spec.config, spec.switches, model.device)
         manager = DistKVManager("sender" if rank == PREFILL_RANK else "receiver", pool, audit, store, peer=1 - rank,
@@ -73,6 +75,22 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         outbox.close()
         outbox.join_thread()  # everything this worker said reaches the front door
         os._exit(0)  # skip the interpreter's teardown: about 2 s of library exit hooks, nothing of ours
+
+
+def loopback_store(rank: int, port: int) -> dist.TCPStore:
+    """The pair's TCPStore, listening on 127.0.0.1 only, and gloo's own sockets on loopback too.
+
+    TCPStore binds every interface (`*:PORT`) whatever host it is given, so the prefill worker binds the
+    socket itself and hands it over (`master_listen_fd`, as torchelastic does); gloo binds the interface
+    named here."""
+    os.environ["GLOO_SOCKET_IFNAME"] = LOOPBACK_INTERFACE  # read by init_process_group in this worker process
+    listen_fd = None
+    if rank == PREFILL_RANK:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", port))
+        listen_fd = listener.detach()  # the store's from now on: it outlives this socket object
+    return dist.TCPStore("127.0.0.1", port, 2, is_master=listen_fd is not None, timeout=RENDEZVOUS_TIMEOUT,
+                         master_listen_fd=listen_fd)
 
 
 def report(node: Node, manager: DistKVManager) -> dict:

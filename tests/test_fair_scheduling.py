@@ -23,8 +23,8 @@ def admission_order(engine: Engine, ids: dict[str, str]) -> list[str]:
 
 
 def test_b_one_request_goes_before_as_queued_thirty(tiny):
-    """A queues 30 requests, then B sends one: B's is admitted second (A's first one puts A's counter above B's),
-    not after all 30 of A's as first come, first served would."""
+    """A queues 30 requests, then B sends one: B's is admitted second (A's first one puts A's counter
+    above B's), not after all 30 of A's as first come, first served would."""
     engine = Engine(*tiny, EngineConfig(num_pages=128, max_prefill_tokens=64))
     ids = {engine.submit(Request(note("alice", i), "alice", 4)): "alice" for i in range(30)}
     ids[engine.submit(Request(note("bob", 0), "bob", 4))] = "bob"
@@ -34,18 +34,19 @@ def test_b_one_request_goes_before_as_queued_thirty(tiny):
 
 
 def test_counters_are_weighted_service(tiny):
-    """After one request each, a tenant's counter is its prompt tokens plus OUTPUT_WEIGHT per generated token."""
+    """After one request, a tenant's counter is its prompt tokens plus OUTPUT_WEIGHT per generated token."""
     engine = Engine(*tiny, EngineConfig(num_pages=64))
     engine.submit(Request(note("alice", 1), "alice", 5))
     [r] = engine.run()
     counters = engine.scheduler.fairness.counters
-    assert counters["alice"] == PROMPT_WEIGHT * r.usage.prompt_tokens + OUTPUT_WEIGHT * r.usage.completion_tokens
+    usage = r.usage
+    assert counters["alice"] == PROMPT_WEIGHT * usage.prompt_tokens + OUTPUT_WEIGHT * usage.completion_tokens
     assert r.usage.completion_tokens == 5
 
 
 def test_lift_rule():
-    """A tenant that (re)arrives is lifted to the least counter among active tenants, never lowered; one that is
-    active keeps its own; with nobody active, it is lifted to the largest counter."""
+    """A tenant that (re)arrives is lifted to the least counter among active tenants, never lowered; one
+    that is active keeps its own; with nobody active, it is lifted to the largest counter."""
     vtc = VirtualTokenCounter()
     vtc.charge("alice", prompt_tokens=300)
     vtc.charge("carol", prompt_tokens=100)
@@ -75,11 +76,11 @@ def test_idle_tenant_banks_no_credit(tiny):
     for i in range(10):
         ids[engine.submit(Request(note("bob", i), "bob", 2))] = "bob"
     order = admission_order(engine, ids)
-    assert 4 <= order[:10].count("bob") <= 6, " ".join(order)  # without the lift: 10; first come first served: 0
+    assert 4 <= order[:10].count("bob") <= 6, " ".join(order)  # without the lift: 10; with FCFS: 0
 
 
 def test_b_takes_the_first_free_batch_slot(tiny):
-    """With every batch slot held by A and A's ten more queued, B's request takes the first slot that frees."""
+    """With every batch slot held by A and ten more of A's queued, B's takes the first slot that frees."""
     engine = Engine(*tiny, EngineConfig(num_pages=128, max_batch_size=4))
     ids = {engine.submit(Request(note("alice", i), "alice", 12)): "alice" for i in range(14)}
     engine.step()  # four of A's are prefilled and decoding; every slot is taken
@@ -88,8 +89,8 @@ def test_b_takes_the_first_free_batch_slot(tiny):
 
 
 def test_b_goes_before_a_chunked_prefill_going_on(tiny):
-    """With chunked prefill, B's short prompt arriving during A's long one is prefilled as soon as A's counter is
-    above B's (B arrives level with A, and A's chunk wins the tie once), not after every remaining chunk of A's."""
+    """With chunked prefill, B's short prompt arriving during A's long one is prefilled as soon as A's
+    counter is above B's (B arrives level; A's chunk wins the tie once), not after all of A's chunks."""
     engine = Engine(*tiny, EngineConfig(num_pages=128, max_prefill_tokens=128, chunked_prefill=True))
     alice = engine.submit(Request(LONG, "alice", 4))
     engine.step()  # A's first chunk
@@ -103,7 +104,7 @@ def test_b_goes_before_a_chunked_prefill_going_on(tiny):
 
 
 def test_the_pairs_prefill_node_admits_fairly(tiny):
-    """The disaggregated prefill node reuses the scheduler: there too B's one request goes second, not 31st."""
+    """The disaggregated prefill node reuses the scheduler: there too B's request goes second, not 31st."""
     cluster = Cluster(*tiny, ClusterConfig(context_len=672, max_prefill_tokens=64))
     ids = {cluster.submit(Request(note("alice", i), "alice", 4)): "alice" for i in range(30)}
     ids[cluster.submit(Request(note("bob", 0), "bob", 4))] = "bob"

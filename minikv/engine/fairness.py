@@ -1,12 +1,13 @@
-"""Fair admission across tenants: a Virtual Token Counter (Sheng et al., "Fairness in Serving Large Language
-Models", OSDI 2024).
+"""Fair admission across tenants: a Virtual Token Counter (Sheng et al., "Fairness in Serving Large
+Language Models", OSDI 2024).
 
-Each tenant has a counter of the service it has received: prompt tokens prefilled, weighted `PROMPT_WEIGHT`, and
-tokens generated, weighted `OUTPUT_WEIGHT` (the paper's weights: a generated token costs a step of its own). The
-scheduler admits the waiting request of the tenant with the *least* counter (first come, first served within a
-tenant and between equal counters), so a tenant that sends 32 requests at once gets no more prefill than one that
-sends one. A tenant that arrives with nothing queued or running has its counter lifted to the least counter of
-the tenants that have work, so time spent idle banks no credit to spend later in a burst. See docs/engine.md.
+Each tenant has a counter of the service it has received: prompt tokens prefilled, weighted
+`PROMPT_WEIGHT`, and tokens generated, weighted `OUTPUT_WEIGHT` (the paper's weights: a generated token
+costs a step of its own). The scheduler serves the request of the tenant with the *least* counter first
+(first come, first served within a tenant and between equal counters), so a tenant that sends 32 requests
+at once gets no more prefill than one that sends one. A tenant that arrives with nothing queued or running
+has its counter lifted to the least counter of the tenants that have work, so time spent idle banks no
+credit to spend later in a burst. See docs/engine.md.
 """
 
 from collections.abc import Iterable
@@ -24,11 +25,12 @@ class VirtualTokenCounter:
         self.counters: dict[str, float] = {}
 
     def arrive(self, tenant: str, active: set[str]) -> None:
-        """`tenant` sends a request while the tenants in `active` have requests queued or running. One that had
-        none is lifted to the least active counter (with nobody active, to the largest counter there is)."""
+        """`tenant` sends a request while the tenants in `active` have requests queued or running. One that
+        had none is lifted to the least active counter (nobody active: to the largest counter there is)."""
         if tenant in active:
             return
-        floor = min((self.counters.get(t, 0.0) for t in active), default=max(self.counters.values(), default=0.0))
+        largest = max(self.counters.values(), default=0.0)
+        floor = min((self.counters.get(t, 0.0) for t in active), default=largest)
         self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
 
     def charge(self, tenant: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
@@ -39,4 +41,4 @@ class VirtualTokenCounter:
 
     def next_in_line(self, waiting: Iterable[Sequence]) -> Sequence:
         """The waiting request to admit next: its tenant's counter is least; the earliest of ties."""
-        return min(waiting, key=lambda seq: self.counters.get(seq.tenant, 0.0))  # min keeps the first of equals
+        return min(waiting, key=lambda seq: self.counters.get(seq.tenant, 0.0))  # min: the first of equals

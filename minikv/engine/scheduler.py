@@ -70,10 +70,11 @@ class Scheduler:
         return batch
 
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
-        """Spend the token budget on the least served tenant's work first (its oldest): a chunked prefill going on,
-        or a waiting request admitted while pages and batch slots last (it joins `running` with pages for every
-        token). A waiting request next in line that does not fit ends admission for this step, so that no other
-        tenant's overtakes it. `gate(seq)` (the prefill node's) may stop one, which retires itself."""
+        """Spend the token budget on the least served tenant's work first (its oldest): a chunked prefill
+        going on, or a waiting request admitted while pages and batch slots last (it joins `running` with
+        pages for every token). A waiting request next in line that does not fit ends admission for this
+        step, so that no other tenant's overtakes it. `gate(seq)` (the prefill node's) may stop one, which
+        retires itself."""
         seqs, new_tokens, budget, admitting = [], [], self.max_prefill_tokens, True
         cache, ps = self.pool.prefix_cache, self.pool.page_size
 
@@ -89,7 +90,7 @@ class Scheduler:
             queue = [*going_on, *self.waiting] if admitting else going_on
             if not queue:
                 break
-            seq = self.fairness.next_in_line(queue)  # of equals, a prefill going on (it holds its pages already)
+            seq = self.fairness.next_in_line(queue)  # of equals, a prefill going on: it holds its pages
             if seq.status is SeqStatus.RUNNING:
                 budget -= take(seq, seq.seq_len - seq.num_cached)
                 continue

@@ -21,7 +21,6 @@ MODEL = "tiny-llama"
 FLOOD_CLIENTS = 32
 FLOOD_PROMPT_CHARS = 900
 FLOOD_WARMUP_S = 2.0  # A's queue fills before B is timed
-FLOOD_WINDOW_S = 8.0  # B goes on beside the flood at least this long: A's throughput is taken over it
 
 
 @dataclass
@@ -69,8 +68,7 @@ async def a_client(api: openai.AsyncOpenAI, client: int, phase: Phase, stop: asy
 
 
 async def run_phase(server: str, url: str, flood: bool, round_: int, b_requests: int) -> Phase:
-    """B's `b_requests`, one after another, alone; or beside A's flood, as many more as FLOOD_WINDOW_S
-    takes (the flood is cancelled when B is done)."""
+    """B's `b_requests`, one after another, alone or beside A's flood (cancelled when B is done)."""
     phase, stop = Phase(server, flood, round_), asyncio.Event()
     base = url.rstrip("/") + "/v1"
     async with (openai.AsyncOpenAI(base_url=base, api_key=KEYS["a"], max_retries=0, timeout=300) as a_api,
@@ -80,8 +78,8 @@ async def run_phase(server: str, url: str, flood: bool, round_: int, b_requests:
         await b_ttft(b_api, -1)  # not timed: the connection is opened
         await asyncio.sleep(FLOOD_WARMUP_S if flood else 0)
         start, warmup = time.perf_counter(), (phase.a_completed, phase.a_tokens)
-        while len(phase.b_ttft_s) < b_requests or flood and time.perf_counter() - start < FLOOD_WINDOW_S:
-            phase.b_ttft_s.append(await b_ttft(b_api, round_ * 1000 + len(phase.b_ttft_s)))
+        for i in range(b_requests):
+            phase.b_ttft_s.append(await b_ttft(b_api, round_ * 1000 + i))
         phase.wall_s = time.perf_counter() - start
         phase.a_completed, phase.a_tokens = phase.a_completed - warmup[0], phase.a_tokens - warmup[1]
         stop.set()

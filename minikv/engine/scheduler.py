@@ -183,7 +183,7 @@ class Scheduler:
 
     # -- leaving the batch -------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
-        """Give `seq`'s pages back and requeue it first; its tokens are recomputed later."""
+        """Give `seq`'s pages back and requeue it, first of its tenant's; its tokens are recomputed later."""
         self.running.remove(seq)
         self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
         self.pool.free(seq.block_table, seq.request_id, seq.tenant)

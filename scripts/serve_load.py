@@ -3,6 +3,11 @@
     python scripts/serve_load.py --clients 32 --requests 320          # starts its own server
     python scripts/serve_load.py --url http://127.0.0.1:8000 --key sk-... --clients 8
     python scripts/serve_load.py -- --disagg --preset safe --context-len 672          # flags for minikv serve
+    python scripts/serve_load.py --fairness fcfs=http://127.0.0.1:8101 fair=http://127.0.0.1:8102
+
+`--fairness` measures tenant B alone and beside tenant A's 32-client flood on servers already running
+(started with `--api-key a=sk-fair-a --api-key b=sk-fair-b`), in interleaved rounds
+(minikv/bench/fairness.py).
 
 Each request is a note (`cNN: save pin 123456.`, about 24 prompt tokens) answered greedily (about
 17 tokens). The load generator runs on the same machine as the server, so both share its cores.
@@ -17,6 +22,7 @@ from pathlib import Path
 
 import openai
 
+from minikv.bench import fairness
 from minikv.bench.report import p50_p99
 from minikv.serve.launch import ServerProcess
 
@@ -74,8 +80,15 @@ def main() -> int:
     parser.add_argument("--key", default="sk-load-0000", help="API key for --url")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--requests", type=int, default=320, help="requests per run (default %(default)s)")
+    parser.add_argument("--fairness", nargs="+", metavar="NAME=URL",
+                        help="B alone and beside A's flood, on these servers")
+    parser.add_argument("--rounds", type=int, default=3, help="--fairness rounds (default %(default)s)")
+    parser.add_argument("--b-requests", type=int, default=10, help="--fairness: B's requests a phase")
+    parser.add_argument("--plot", help="--fairness: save the picture here (PNG)")
     parser.add_argument("serve_args", nargs="*", help="after --: flags for the minikv serve it starts")
     args = parser.parse_args()
+    if args.fairness:
+        return fairness_main(args)
     server = None if args.url else ServerProcess(["--api-key", f"load={args.key}", *args.serve_args])
     try:
         for n in args.clients:
@@ -84,6 +97,17 @@ def main() -> int:
     finally:
         if server:
             server.stop()
+    return 0
+
+
+def fairness_main(args: argparse.Namespace) -> int:
+    servers = dict(spec.partition("=")[::2] for spec in args.fairness)
+    if not all(servers.values()):
+        raise SystemExit("error: --fairness wants NAME=URL for each server")
+    stats = fairness.summary(fairness.rounds(servers, args.rounds, args.b_requests))
+    print(json.dumps({"fairness": stats, "load_average": [round(x, 2) for x in os.getloadavg()]}), flush=True)
+    if args.plot:
+        fairness.fairness_figure(stats).savefig(args.plot, dpi=110)
     return 0
 
 

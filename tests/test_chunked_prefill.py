@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
+from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request
+from minikv.serve.command import SAFE_PREFILL_CHUNK, add_serve_arguments, chunk_of
 
 LONG = "bob: read " + "the quarterly report and the budget review " * 14 + "\n"  # about 600 tokens
 SHORT = "alice: save pin 0912.\n"
@@ -45,3 +49,34 @@ def test_without_chunks_the_prompt_is_one_step(tiny):
     _, engine = serve(tiny)
     bob = {e.step for e in engine.log.of_kind("write") if e.request_id == "bob" and e.detail.startswith("prefill")}
     assert len(bob) == 1
+
+
+def test_the_pairs_prefill_node_prefills_in_chunks(tiny):
+    """`ClusterConfig(chunked_prefill=True)`: the prefill node takes bob's prompt 128 tokens a step over
+    several steps and ships it whole; the answers are those of whole-prompt prefill."""
+    def pair(**config) -> tuple[dict, Cluster]:
+        cluster = Cluster(*tiny, ClusterConfig(context_len=672, **config))
+        cluster.submit(Request(SHORT, "alice", 8, request_id="alice"))
+        cluster.submit(Request(LONG, "bob", 8, request_id="bob"))
+        return {r.client_request_id: r for r in cluster.run()}, cluster
+
+    whole, _ = pair()
+    chunked, cluster = pair(max_prefill_tokens=128, chunked_prefill=True)
+    answers = {k: (r.status, r.text) for k, r in whole.items()}
+    assert {k: (r.status, r.text) for k, r in chunked.items()} == answers
+    writes = [e for e in cluster.log.of_kind("write") if e.node == "prefill" and "prefill" in e.detail]
+    bob = [e for e in writes if e.request_id == "bob"]
+    assert len({e.step for e in bob}) >= 5
+    cluster.check_integrity()
+
+
+def test_safe_serve_chunks_by_default_and_the_pair_too():
+    """`minikv serve` prefills in chunks of SAFE_PREFILL_CHUNK under --preset safe, whole prompts under
+    vulnerable; --prefill-chunk sets it (off: whole), with --disagg as without."""
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    chunk = lambda *argv: chunk_of(parser.parse_args(list(argv)))  # noqa: E731
+    assert chunk() == chunk("--disagg") == SAFE_PREFILL_CHUNK
+    assert chunk("--preset", "vulnerable") is None and chunk("--prefill-chunk", "off") is None
+    assert chunk("--disagg", "--prefill-chunk", "64") == 64
+    assert chunk("--preset", "vulnerable", "--prefill-chunk", "64") == 64

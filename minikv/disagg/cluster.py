@@ -44,6 +44,7 @@ class ClusterConfig:
     prefill_pages: int = 42  # 42 x 16 = 672 tokens: about 681,280 / 1,024 = 665, in whole pages
     decode_pages: int = 125  # 2,000 tokens: our choice (the decode pool's size was not disclosed)
     max_prefill_tokens: int = 2048
+    chunked_prefill: bool = False  # the prefill node takes a prompt max_prefill_tokens a step
     transfer_base_latency: int = 1  # ticks every batch takes on the wire
     transfer_pages_per_tick: int = 1
     transfer_timeout_ticks: int = 16  # a receiver that sees no progress this long gives up
@@ -114,7 +115,8 @@ def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, conf
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
     """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s workers."""
-    parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens)
+    parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
+             config.chunked_prefill)
     return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
 
 

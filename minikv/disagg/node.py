@@ -22,10 +22,11 @@ class Node:
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
                  log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches,
-                 max_prefill_tokens: int) -> None:
+                 max_prefill_tokens: int, chunked_prefill: bool = False) -> None:
         self.pool, self.audit, self.log, self.clock = pool, audit, log, clock
         self.manager, self.switches = manager, switches
-        self.scheduler = Scheduler(pool, log, self.name, clock, tokenizer, max_prefill_tokens)
+        self.scheduler = Scheduler(pool, log, self.name, clock, tokenizer, max_prefill_tokens,
+                                   chunked_prefill=chunked_prefill)
         self.runner = ModelRunner(model, pool, audit, log, self.name)
         self.endpoints: dict[int, KVEndpoint] = {}  # room -> this node's end of the transfer
 

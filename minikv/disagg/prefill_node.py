@@ -77,13 +77,18 @@ class PrefillNode(Node):
                 self._stage(seq, "waiting")
 
     def _prefill(self) -> None:
-        """The scheduler admits what fits (the swapped-in stub always does); then KV and first token ship."""
+        """The scheduler admits what fits (the swapped-in stub always does); then KV and first token ship.
+        With chunked prefill a prompt not yet all in the pool stays running for its next chunk."""
         batch = self.scheduler.schedule_prefill(self.gate)
         if batch is None:
             return
         firsts = self.runner.run(self.clock.now, "prefill", batch.seqs, batch.new_tokens)
         self.scheduler.cache_prompt_pages(batch, firsts)
-        for seq, first in zip(batch.seqs, firsts):
+        for seq, tokens, first in zip(batch.seqs, batch.new_tokens, firsts, strict=True):
+            if first.error is None and seq.num_cached + len(tokens) < len(seq.prompt_ids):
+                seq.num_cached += len(tokens)  # a chunk: the rest of the prompt next step
+                self.gate(seq)  # one cancelled meanwhile is retired now, never shipped half prefilled
+                continue
             self.scheduler.running.remove(seq)
             if first.error is not None:  # this request failed; the rest of the batch goes on
                 self.endpoints[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -2,7 +2,8 @@
 step's outcome does to every request (`postprocess`, the one owner of a request's step).
 
 Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
-running request). A request is admitted only when the pool has pages for its whole length; one that
+running request). Waiting requests are admitted fairly across tenants, the least served tenant's first
+(fairness.py). A request is admitted only when the pool has pages for its whole length; one that
 needs a page to decode and finds none preempts the newest, which is recomputed later. The
 disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
@@ -17,6 +18,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 from minikv.engine.events import Clock, Event, EventLog
+from minikv.engine.fairness import VirtualTokenCounter
 from minikv.engine.model_runner import Sampled
 from minikv.engine.page_pool import PagePool
 from minikv.engine.request import Finished, Sequence, SeqStatus
@@ -47,8 +49,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.last_phase: str | None = None
+        self.fairness = VirtualTokenCounter()  # who is admitted next: the tenant served least so far
 
     def add(self, seq: Sequence) -> None:
+        self.fairness.arrive(seq.tenant, {s.tenant for s in (*self.waiting, *self.running)})
         self.waiting.append(seq)
 
     def _event(self, kind: str, seq: Sequence, pages: list[int] | tuple[int, ...] = (), detail: str = "") -> None:
@@ -66,32 +70,45 @@ class Scheduler:
         return batch
 
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
-        """Admit waiting requests, oldest first, while pages and the token budget last; they join `running`
-        with pages for every token. `gate(seq)` (the prefill node's) may stop one, which retires itself."""
-        seqs, new_tokens, budget = [], [], self.max_prefill_tokens
+        """Spend the token budget on the least served tenant's work first (its oldest): a chunked prefill
+        going on, or a waiting request admitted while pages and batch slots last (it joins `running` with
+        pages for every token). A waiting request next in line that does not fit ends admission for this
+        step, so that no other tenant's overtakes it. `gate(seq)` (the prefill node's) may stop one, which
+        retires itself."""
+        seqs, new_tokens, budget, admitting = [], [], self.max_prefill_tokens, True
         cache, ps = self.pool.prefix_cache, self.pool.page_size
 
         def take(seq: Sequence, todo: int) -> int:  # the tokens `seq` computes this step: all, or a chunk
             n = min(todo, budget) if self.chunked_prefill else todo
             seqs.append(seq)
             new_tokens.append(seq.tokens[seq.num_cached : seq.num_cached + n])
+            self.fairness.charge(seq.tenant, prompt_tokens=n)
             return n
 
-        for seq in self.running:  # chunked prefills go on first: they hold their pages already
-            if prefilling(seq) and budget > 0:
-                budget -= take(seq, seq.seq_len - seq.num_cached)
-        for seq in list(self.waiting):
-            if self.max_batch_size is not None and len(self.running) >= self.max_batch_size or budget <= 0:
+        while budget > 0:
+            going_on = [s for s in self.running if prefilling(s) and all(s is not t for t in seqs)]
+            queue = [*going_on, *self.waiting] if admitting else going_on
+            if not queue:
                 break
+            seq = self.fairness.next_in_line(queue)  # of equals, a prefill going on: it holds its pages
+            if seq.status is SeqStatus.RUNNING:
+                budget -= take(seq, seq.seq_len - seq.num_cached)
+                continue
+            if self.max_batch_size is not None and len(self.running) >= self.max_batch_size:
+                admitting = False  # no batch slot: it waits for one, first in line
+                continue
             if gate is not None and not gate(seq):
+                assert seq not in self.waiting, "a gate that stops a request retires it"
                 continue
             hits = cache.match(seq.cache_keys, seq.seq_len) if cache is not None and not seq.block_table else []
             todo = seq.seq_len - max(seq.num_cached, len(hits) * ps)
             if seqs and todo > budget and not self.chunked_prefill:
-                break  # the budget is spent; it goes first next step
+                admitting = False  # the budget is spent; it goes first next step
+                continue
             need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
             if not self.pool.can_allocate(need, hits, seq.tenant):
-                break  # temporarily full: wait for pages to come back
+                admitting = False  # temporarily full: wait for pages to come back
+                continue
             self.waiting.remove(seq)
             pages = self.pool.allocate(need, seq.request_id, hits, seq.tenant)
             if hits:
@@ -147,6 +164,7 @@ class Scheduler:
             if seq.num_cached < seq.seq_len:
                 continue  # a chunk of a prompt still being prefilled: no token yet
             seq.output_ids.append(choice.token)
+            self.fairness.charge(seq.tenant, output_tokens=1)
             seq.token_times_s.append(now - seq.arrival_s)
             if seq.first_token_s is None:
                 seq.first_token_s = now - seq.arrival_s
@@ -165,7 +183,7 @@ class Scheduler:
 
     # -- leaving the batch -------------------------------------------------------------------
     def preempt(self, seq: Sequence) -> None:
-        """Give `seq`'s pages back and requeue it first; its tokens are recomputed later."""
+        """Give `seq`'s pages back and requeue it, first of its tenant's; its tokens are recomputed later."""
         self.running.remove(seq)
         self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
         self.pool.free(seq.block_table, seq.request_id, seq.tenant)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 SHUTDOWN_GRACE_S = 10.0  # what requests in flight get to finish after SIGTERM, by default
+SAFE_PREFILL_CHUNK = 128  # the safe preset's prefill chunk: measured in docs/serve.md ("Fairness")
 
 
 def positive_int(text: str) -> int:
@@ -19,6 +20,11 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {value}")
     return value
+
+
+def prefill_chunk(text: str) -> int:
+    """An argparse type: a chunk of tokens, or "off" (0: whole prompts)."""
+    return 0 if text == "off" else positive_int(text)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +48,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     add("--context-len", type=positive_int, help="context window in tokens (default 1024)")
     add("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
-    add("--prefill-chunk", type=positive_int, metavar="TOKENS",
-        help="chunked prefill on the single engine: a prompt at most this many tokens a step, a decode step between")
+    add("--prefill-chunk", type=prefill_chunk, metavar="TOKENS|off",
+        help=f"chunked prefill: a prompt at most this many tokens a step, a decode step between (default: "
+        f"{SAFE_PREFILL_CHUNK} with --preset safe, off with vulnerable)")
     add("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
     add("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
 
@@ -69,6 +76,13 @@ def check_args(args: argparse.Namespace):
     return keys, SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
 
 
+def chunk_of(args: argparse.Namespace) -> int | None:
+    """The prefill chunk in tokens, or None for whole prompts: as given, else the preset's."""
+    if args.prefill_chunk is None:
+        return SAFE_PREFILL_CHUNK if args.preset == "safe" else None
+    return args.prefill_chunk or None
+
+
 def build_server(args: argparse.Namespace, model, tokenizer):
     """The uvicorn server for `args` over a loaded model (its `engine_loop` attached), and its startup log lines;
     ValueError with one line when it must not start (startup_check, an unwritable log, ...)."""
@@ -92,7 +106,7 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     try:
         backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
                                 args.model, args.device, args.threads, tenants=len(set(keys.values())),
-                                prefill_chunk=args.prefill_chunk)
+                                prefill_chunk=chunk_of(args))
     except (StartupRefused, WorkerStartError) as e:
         what = "startup_check refused to start" if isinstance(e, StartupRefused) else "the distributed cluster did not start"
         raise ValueError(f"{what}: {e}") from None
@@ -100,6 +114,8 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     topology = "prefill/decode cluster" if args.disagg else "one engine"
     if args.transport == "distributed":
         topology += ", two worker processes, KV over torch.distributed"
+    chunk = chunk_of(args)
+    topology += f"; prefill in chunks of {chunk} tokens" if chunk else "; whole-prompt prefill"
     on = [n for n, v in switches.as_dict().items() if v]
     lines = backend.startup_log() + [
         f"serving {model_name} ({topology}) on http://{args.host}:{args.port}; context window {context_len} tokens"

@@ -35,14 +35,15 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
+    if prefill_chunk:  # on the single engine, or on the pair's prefill node
+        context |= {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk}
     if disagg and transport == "distributed":
         return DistCluster(tokenizer, ClusterConfig(event_log=False, **context), switches, model_dir=model_dir,
                            devices=(device, device) if device else None, threads=threads)
     if disagg:
         return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
-    chunks = {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk} if prefill_chunk else {}
     return Engine(model, tokenizer, EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
-                                                 cache_partition=switches.cache_partition, **context, **chunks))
+                                                 cache_partition=switches.cache_partition, **context))
 
 
 @dataclass(eq=False)

@@ -3,7 +3,8 @@ step's outcome does to every request (`postprocess`, the one owner of a request'
 
 Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
 running request). A request is admitted only when the pool has pages for its whole length; one that
-needs a page to decode and finds none preempts the newest, which is recomputed later. The
+needs a page to decode and finds none preempts the newest (of its own tenant in a partitioned pool),
+which is recomputed later. The
 disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
 
@@ -69,7 +70,7 @@ class Scheduler:
         """Admit waiting requests, oldest first, while pages and the token budget last; they join `running`
         with pages for every token. `gate(seq)` (the prefill node's) may stop one, which retires itself."""
         seqs, new_tokens, budget = [], [], self.max_prefill_tokens
-        cache, ps = self.pool.prefix_cache, self.pool.page_size
+        ps, waits = self.pool.page_size, set()  # tenants whose oldest waiting request found no pages
 
         def take(seq: Sequence, todo: int) -> int:  # the tokens `seq` computes this step: all, or a chunk
             n = min(todo, budget) if self.chunked_prefill else todo
@@ -83,15 +84,18 @@ class Scheduler:
         for seq in list(self.waiting):
             if self.max_batch_size is not None and len(self.running) >= self.max_batch_size or budget <= 0:
                 break
-            if gate is not None and not gate(seq):
+            if seq.tenant in waits or gate is not None and not gate(seq):
                 continue
-            hits = cache.match(seq.cache_keys, seq.seq_len) if cache is not None and not seq.block_table else []
+            hits = self.pool.match(seq.cache_keys, seq.seq_len, seq.tenant) if not seq.block_table else []
             todo = seq.seq_len - max(seq.num_cached, len(hits) * ps)
             if seqs and todo > budget and not self.chunked_prefill:
                 break  # the budget is spent; it goes first next step
             need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
             if not self.pool.can_allocate(need, hits, seq.tenant):
-                break  # temporarily full: wait for pages to come back
+                if self.pool.partition is None:
+                    break  # temporarily full: wait for pages to come back
+                waits.add(seq.tenant)  # its quota is full: its later requests wait too, other tenants go on
+                continue
             self.waiting.remove(seq)
             pages = self.pool.allocate(need, seq.request_id, hits, seq.tenant)
             if hits:
@@ -117,11 +121,15 @@ class Scheduler:
                     seq.block_table += page
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
-                victim = next((s for s in reversed(self.running) if s is not seq), None)
-                assert victim is not None, "admission let in a request the whole pool cannot hold"
+                victim = next((s for s in reversed(self.running) if s is not seq and self._may_preempt(seq, s)), None)
+                assert victim is not None, "admission let in a request its tenant's pages cannot hold"
                 self.preempt(victim)
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None
+
+    def _may_preempt(self, seq: Sequence, victim: Sequence) -> bool:
+        """Whether `seq` may take `victim`'s pages: anyone's in a shared pool, its own tenant's when partitioned."""
+        return self.pool.partition is None or victim.tenant == seq.tenant
 
     # -- after the forward -------------------------------------------------------------------
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:

@@ -103,8 +103,7 @@ def random_workload(rng: random.Random) -> FuzzWorkload:
         context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
         prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
         transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
-        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8), event_log=False,
-        cache_tenants=len(TENANTS))
+        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8), event_log=False)
     requests = [background_request(rng, config) for _ in range(rng.randint(0, 6))]
     for _ in range(rng.randint(0, 3)):
         requests += cancel_and_follow(rng, config)
@@ -149,8 +148,9 @@ def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwit
 
 
 def safe_for_fuzzing() -> SafetySwitches:
-    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths."""
-    return SafetySwitches.preset("safe").with_switches(disable=["startup_check"])
+    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths, and without the
+    partition, whose quotas of a pool of a few pages would refuse most requests before they reach them."""
+    return SafetySwitches.preset("safe").with_switches(disable=["startup_check", "cache_partition"])
 
 
 # -- what the fuzzer must be able to find ---------------------------------------------------------
@@ -168,14 +168,12 @@ class Target:
 
 
 def targets() -> tuple[Target, ...]:
-    """The vulnerable preset, safe minus deferred release or the cache's two tenant walls (salt and partition, each
-    of which keeps a tenant off another's cached pages), and safe with `settled()` mutated."""
+    """The vulnerable preset, safe minus deferred release or cache_salt, and safe with `settled()` mutated."""
     return (
         Target("vulnerable preset", SafetySwitches.preset("vulnerable")),
         Target("safe minus deferred_release", safe_for_fuzzing().with_switches(disable=["deferred_release"])),
         Target("safe with settled() always true", safe_for_fuzzing(), settled_always_true),
-        Target("safe minus cache_salt and cache_partition",
-               safe_for_fuzzing().with_switches(disable=["cache_salt", "cache_partition"])),
+        Target("safe minus cache_salt", safe_for_fuzzing().with_switches(disable=["cache_salt"])),
     )
 
 

@@ -106,9 +106,10 @@ def test_safe_preset_refuses_the_mismatched_cluster(tiny):
 
 
 def test_safe_preset_on_a_started_cluster_answers_400_and_leaks_nothing(tiny):
-    """Safe preset (minus the startup refusal): Bob gets 400 with a reason, audit stays 0."""
+    """Safe preset (minus the startup refusal): Bob gets 400 with a reason (his quota: half of 42 pages, less one
+    token), audit stays 0."""
     r = play(tiny, "over-length", SAFE.with_switches(disable=["startup_check"]))
-    assert r.attacker.status == 400 and "exceeds the maximum of 671" in r.attacker.error
+    assert r.attacker.status == 400 and "exceeds the maximum of 335" in r.attacker.error
     assert SECRET not in r.attacker.text and r.cross_tenant_reads == 0
     assert r.cluster.leaked_pages() == 0
 

@@ -4,8 +4,9 @@ Per-tenant salts keep tenants' cache keys apart, but on one shared LRU of parked
 learn about A: B fills the pool with its own cached prompts (prime), A sends a prompt and then
 either repeats it (a cache hit: no new pages) or sends a fresh one (a miss: new pages, evicting the
 oldest parked ones), and B re-sends its prompts and reads its own `cached_tokens` (probe). With
-`cache_partition` (the safe preset, as `minikv serve` builds its engine) A's requests never evict
-B's pages, so what B reads is the same either way.
+`cache_partition` (the safe preset, as `minikv serve` builds its engine: a static partition, every
+page counted against one tenant's quota) neither A's requests nor B's own keyless decodes, holding
+pages off a free stack A's pages shrink (the held-pages variant), change what B reads.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import random
 
 import pytest
 
-from minikv.attacks.eviction import filler, prime_and_probe
+from minikv.attacks.eviction import filler, held_pages, prime_and_probe
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
+from minikv.engine.config import EngineConfig
+from minikv.engine.engine import Engine
 from minikv.engine.request import Request
 from minikv.serve.engine_loop import build_backend
 
@@ -50,13 +53,51 @@ def test_a_shared_lru_tells_b_whether_a_repeated(tiny, build):
     assert repeated != fresh and sum(fresh) < sum(repeated)
 
 
-def test_partitioned_pools_stay_whole_and_starve_nobody(tiny):
-    """With more tenants than the cache is cut for, every request is still served and the pool stays
-    consistent: a request takes others' parked pages only when nothing is held (nothing else would free one)."""
-    door = build_backend(*tiny, SAFE, disagg=False, context_len=None, num_pages=96, tenants=2)
+def small_single(tiny, switches: SafetySwitches):
+    """The engine as `minikv serve` builds it for two keys, small: 64 pages of 16 tokens, a 256-token window."""
+    return lambda: build_backend(*tiny, switches, disagg=False, context_len=256, num_pages=64, tenants=2)
+
+
+def small_pair(tiny, switches: SafetySwitches):
+    """The pair, its prefill pool (the one with a cache) as small as that engine's; decode room for the holds."""
+    config = ClusterConfig(context_len=256, prefill_pages=64, decode_pages=128, cache_tenants=2, event_log=False)
+    return lambda: Cluster(*tiny, config, switches)
+
+
+HOLDS = {"b_prompts": 3, "chars": 112, "holds": 44, "hold_tokens": 15}  # Bob's share primed, then 44 pages held
+
+
+@pytest.mark.parametrize("build", [small_single, small_pair], ids=["single", "disagg"])
+def test_held_pages_tell_b_nothing_under_the_partition(tiny, build):
+    """Bob's pages held by keyless decodes count against his quota alone: what survives is the same either way."""
+    make = build(tiny, SAFE)
+    assert held_pages(make(), a_repeats=True, **HOLDS) == held_pages(make(), a_repeats=False, **HOLDS)
+
+
+@pytest.mark.parametrize("build", [small_single, small_pair], ids=["single", "disagg"])
+def test_held_pages_on_a_shared_pool_tell_b_whether_a_repeated(tiny, build):
+    """The channel the quota closes: on a shared stack Bob's holds evict more of his pages after Alice's miss."""
+    make = build(tiny, WITHOUT_PARTITION)
+    repeated, fresh = held_pages(make(), a_repeats=True, **HOLDS), held_pages(make(), a_repeats=False, **HOLDS)
+    assert repeated != fresh and sum(fresh) < sum(repeated)
+
+
+def test_a_tenant_beyond_the_partition_is_refused_in_one_line(tiny):
+    """A partition cut for two tenants serves the first two that appear and refuses a third with a 400 of one
+    line; the pool stays consistent, each tenant within its quota."""
+    door = build_backend(*tiny, SAFE, disagg=False, context_len=None, num_pages=128, tenants=2)
     rng = random.Random(1)
-    ids = [door.submit(Request(filler(rng, 480), f"tenant-{i % 5}", 4)) for i in range(20)]
+    ids = [door.submit(Request(filler(rng, 480), f"tenant-{i % 3}", 4)) for i in range(6)]
     done = {r.request_id: r for r in door.run()}
-    assert all(done[i].status == 200 for i in ids)
+    assert [done[i].status for i in ids] == [200, 200, 400] * 2
+    assert "\n" not in done[ids[2]].error and "partitioned for 2 tenant(s)" in done[ids[2]].error
     door.check_integrity()
-    assert door.pool.num_free_pages == door.pool.num_pages
+    assert max(door.pool.partition.pages_of.values()) <= door.pool.partition.quota == 64
+
+
+def test_a_request_past_its_tenants_quota_is_refused_at_the_door(tiny):
+    """A request that fits the pool but not its tenant's quota can never run: 400 at intake, not a wait forever
+    (`minikv serve` sizes its pools so that a quota holds the window; an Engine built by hand need not)."""
+    door = Engine(*tiny, EngineConfig(num_pages=96, cache_partition=True, cache_tenants=2))
+    [response] = door.generate([filler(random.Random(2), 1000)], max_tokens=20, tenant="bob")
+    assert response.status == 400 and "its quota" in response.error

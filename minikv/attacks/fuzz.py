@@ -148,8 +148,9 @@ def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwit
 
 
 def safe_for_fuzzing() -> SafetySwitches:
-    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths."""
-    return SafetySwitches.preset("safe").with_switches(disable=["startup_check"])
+    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths, and without the
+    partition, whose quotas of a pool of a few pages would refuse most requests before they reach them."""
+    return SafetySwitches.preset("safe").with_switches(disable=["startup_check", "cache_partition"])
 
 
 # -- what the fuzzer must be able to find ---------------------------------------------------------

@@ -22,7 +22,7 @@ from minikv.engine.engine import pool_and_audit
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
-from minikv.engine.prefix_cache import request_page_keys, tenant_share
+from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
@@ -53,7 +53,7 @@ class ClusterConfig:
     event_log: bool = True
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
-    cache_tenants: int = 4  # with the cache_partition switch: tenants the prefill cache's parked pages are cut for
+    cache_tenants: int = 2  # with the cache_partition switch: tenants both pools are cut for (a scenario has two)
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -105,10 +105,14 @@ def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySw
               device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
     """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as SGLang)."""
     pages = config.prefill_pages if role == "prefill" else config.decode_pages
-    context_pages = -(-config.context_len // config.page_size)
-    share = tenant_share(pages, context_pages, config.cache_tenants) if switches.cache_partition else None
     return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
-                          role == "prefill" and config.prefix_caching, switches.scrub_on_free, share)
+                          role == "prefill" and config.prefix_caching, switches.scrub_on_free,
+                          partition_tenants(config, switches))
+
+
+def partition_tenants(config: ClusterConfig, switches: SafetySwitches) -> int | None:
+    """The tenants both pools are partitioned for with `cache_partition`; None: each pool shared."""
+    return config.cache_tenants if switches.cache_partition else None
 
 
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
@@ -133,7 +137,8 @@ class Cluster(FrontDoor):
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        super().__init__(config, tokenizer, log, Clock(), "door")  # one clock: the nodes step, the fabric lands by it
+        super().__init__(config, tokenizer, log, Clock(), "door",  # one clock: the nodes step, the fabric lands by it
+                         partition_tenants(config, switches))
         self.switches = switches
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]

@@ -37,9 +37,11 @@ class DecodeNode(Node):
     def add(self, seq: Sequence) -> None:
         self.endpoints[seq.room] = KVReceiver(self.manager, seq.room)
         need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)
-        if need > self.pool.num_pages:  # could never be preallocated: refuse rather than wait forever
+        if need > self.pool.tenant_pages:  # could never be preallocated: refuse rather than wait forever
+            whose = "for one tenant (its quota) " if self.pool.partition else ""
             self._abort(seq, HTTPStatus.BAD_REQUEST, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of "
-                        f"KV cache; the decode node's pool holds at most {self.pool.capacity_tokens} tokens")
+                        f"KV cache; the decode node's pool holds {whose}at most "
+                        f"{self.pool.tenant_pages * self.pool.page_size} tokens")
             return
         self.prealloc_queue.append(seq)
         self._stage(seq, "prealloc")
@@ -66,9 +68,9 @@ class DecodeNode(Node):
             if self._retired(seq, self.prealloc_queue):
                 continue
             need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)  # the ORIGINAL length
-            if not self.pool.can_allocate(need):
+            if not self.pool.can_allocate(need, tenant=seq.tenant):
                 continue  # wait for pages; first come, first served is kept by the loop order
-            seq.block_table = self.pool.allocate(need, seq.request_id)
+            seq.block_table = self.pool.allocate(need, seq.request_id, tenant=seq.tenant)
             self._event("allocate", seq, seq.block_table, f"decode reserved {need} pages for "
                         f"{len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:

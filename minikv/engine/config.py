@@ -2,7 +2,6 @@
 
 from dataclasses import dataclass
 
-from minikv.engine.prefix_cache import tenant_share
 from minikv.model.llama import ModelConfig
 
 
@@ -22,8 +21,8 @@ class EngineConfig:
     event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
     prefix_caching: bool = True  # reuse cached full prompt pages across requests (prefix_cache.py)
     cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
-    cache_partition: bool = False  # each tenant's parked pages are evicted only by its own requests
-    cache_tenants: int = 4  # tenants the partition is cut for: each keeps (pool - one context) // cache_tenants
+    cache_partition: bool = False  # a static partition: each tenant holds and parks at most its quota of pages
+    cache_tenants: int = 4  # tenants the partition is cut for: each one's quota is num_pages // cache_tenants
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -41,10 +40,9 @@ class EngineConfig:
         if self.max_batch_size < 1 or self.max_prefill_tokens < 1 or self.cache_tenants < 1:
             raise ValueError("max_batch_size, max_prefill_tokens and cache_tenants must be >= 1")
 
-    def tenant_pages(self, pool_pages: int) -> int | None:
-        """Each tenant's share of parked pages with `cache_partition` (prefix_cache.tenant_share); None without it."""
-        context_pages = -(-self.context_len // self.page_size)
-        return tenant_share(pool_pages, context_pages, self.cache_tenants) if self.cache_partition else None
+    def partition_tenants(self) -> int | None:
+        """The tenants the pool is partitioned for with `cache_partition` (partition.py); None: one shared pool."""
+        return self.cache_tenants if self.cache_partition else None
 
     def pool_pages(self, model: ModelConfig) -> int:
         """Pages in the pool: as given, or as many as the memory budget holds."""

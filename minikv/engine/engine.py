@@ -28,9 +28,9 @@ from minikv.model.llama import Llama, ModelConfig
 
 def pool_and_audit(model: ModelConfig, num_pages: int, page_size: int, device: torch.device, dtype: torch.dtype,
                    node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool = False,
-                   tenant_pages: int | None = None) -> tuple[PagePool, OwnershipAudit | None]:
+                   partition_tenants: int | None = None) -> tuple[PagePool, OwnershipAudit | None]:
     """A node's pool and its ownership audit, wired together: every door and node builds them here."""
-    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching, tenant_pages)
+    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching, partition_tenants)
     ledger = OwnershipAudit(num_pages * page_size, page_size, node, pool.kv.device) if audit else None
     if ledger is not None and scrub_on_free:
         pool.on_scrub = ledger.forget  # a scrubbed slot was written by nobody
@@ -47,12 +47,12 @@ class Engine(FrontDoor):
             raise ValueError(f"context_len {config.context_len} exceeds the model's max_position_embeddings "
                              f"{mc.max_position_embeddings}; lower context_len")
         super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit),
-                         Clock(), node)  # the clock is the engine's step number; only step() advances it
+                         Clock(), node, config.partition_tenants())  # the clock: the step number, advanced by step()
         self.model, self.node = model, node
         pages = config.pool_pages(mc)
         self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node,
                                                config.audit, config.prefix_caching, scrub_on_free,
-                                               config.tenant_pages(pages))
+                                               config.partition_tenants())
         self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer, config.max_prefill_tokens,
                                    config.max_batch_size, config.chunked_prefill)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
@@ -69,9 +69,10 @@ class Engine(FrontDoor):
 
     # -- requests in and out ------------------------------------------------------------------
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
-        """A request the whole pool could never hold is refused now (400); else it waits its turn."""
+        """A request its tenant's pages could never hold is refused now (400); else it waits its turn."""
         pages = self.pool.pages_for(len(prompt_ids) + request.max_tokens)
-        check_pool(pages * self.pool.page_size, self.pool.capacity_tokens, self.node, len(prompt_ids))
+        check_pool(pages * self.pool.page_size, self.pool.tenant_pages * self.pool.page_size, self.node,
+                   len(prompt_ids), self.pool.partition is not None)
         seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter())
         if self.config.prefix_caching:
             seq.cache_keys = request_page_keys(prompt_ids, self.pool.page_size, seq.tenant, request.cache_salt,

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.engine.config import EngineConfig
 from minikv.engine.events import Clock, Event, EventLog
+from minikv.engine.partition import TenantSlots
 from minikv.engine.request import Finished, Request, Response, Sequence, error_response, to_response
 from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import PromptError, encode_prompt, longest_token_chars
@@ -75,10 +76,11 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
                        f"exceeds the context window of {context_len} tokens", prompt_len)
 
 
-def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int) -> None:
-    """A request that needs more KV than the whole pool can never run: refuse it now."""
+def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int, partitioned: bool = False) -> None:
+    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never run."""
     if num_tokens > pool_tokens:
-        raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool holds at most "
+        whose = "holds at most" if not partitioned else "holds for one tenant (its quota) at most"
+        raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool {whose} "
                        f"{pool_tokens} tokens", prompt_len)
 
 
@@ -145,8 +147,9 @@ class FrontDoor(ABC):
     """The client API of a server: `submit`, `cancel`, `step`, `run`, `generate`, `health`, `close`."""
 
     def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, log: EventLog, clock: Clock,
-                 door: str) -> None:
+                 door: str, partition_tenants: int | None = None) -> None:
         self.config, self.tokenizer, self.log, self.clock, self.door = config, tokenizer, log, clock, door
+        self.slots = TenantSlots(partition_tenants) if partition_tenants else None  # None: one shared pool
         self.chars_per_token = longest_token_chars(tokenizer)  # for the length check before tokenizing
         self.book = RequestBook()
         self.seqs: dict[str, Sequence] = {}  # engine id -> the request being served, until it ends
@@ -183,6 +186,8 @@ class FrontDoor(ABC):
         try:
             if problem:
                 raise Rejected(problem)
+            if self.slots is not None and (refused := self.slots.take(tenant)):
+                raise Rejected(refused)
             ids = prompt_ids or check_at_door(request, self.tokenizer, self.config.context_len, self.chars_per_token)
             self.seqs[request_id] = self._admit(request, request_id, ids)
             return request_id

@@ -12,7 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from minikv.engine.prefix_cache import PrefixCache
+from minikv.engine.partition import Partition
+from minikv.engine.prefix_cache import PageKey, PrefixCache
 from minikv.model.devices import available_memory_bytes
 from minikv.model.llama import ModelConfig
 
@@ -45,7 +46,8 @@ class PagePool:
 
     def __init__(self, config: ModelConfig, num_pages: int, page_size: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 scrub_on_free: bool = False, prefix_caching: bool = False, tenant_pages: int | None = None) -> None:
+                 scrub_on_free: bool = False, prefix_caching: bool = False,
+                 partition_tenants: int | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be at least 1 token, got {page_size}")
         if num_pages < 1:
@@ -59,7 +61,8 @@ class PagePool:
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
         self.num_held = 0  # pages with at least one holder
-        self.prefix_cache = PrefixCache(page_size, tenant_pages) if prefix_caching else None
+        self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
+        self.partition = Partition(num_pages, partition_tenants) if partition_tenants else None
 
     # -- capacity -----------------------------------------------------------------------
     @property
@@ -86,40 +89,64 @@ class PagePool:
         """Pages needed to hold `num_tokens` tokens."""
         return -(-num_tokens // self.page_size)
 
-    # -- allocation (check, then act) ---------------------------------------------------
-    def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
-        """Whether `num_pages` new pages are free for `tenant` once it holds its `cached` hits: the stack,
-        and the parked pages it may evict (its own with a partitioned cache; anyone's in an idle pool)."""
-        parked = self.prefix_cache.evictable(self._evictor(tenant), cached) if self.prefix_cache else 0
-        return num_pages <= len(self.free_pages) + parked
+    @property
+    def tenant_pages(self) -> int:
+        """The most pages one tenant's requests can ever hold at once: its quota, or the whole pool."""
+        return self.partition.quota if self.partition else self.num_pages
 
-    def _evictor(self, tenant: str | None) -> str | None:
-        """Whose parked pages a request of `tenant` may evict: anyone's (None) in an idle pool, else its own."""
-        return None if self.num_held == 0 else tenant
+    # -- allocation (check, then act) ---------------------------------------------------
+    def match(self, keys: list[PageKey], num_tokens: int, tenant: str) -> list[int]:
+        """`tenant`'s prefix-cache hits for a prompt of `num_tokens` tokens: the cache's, stopped at the first
+        page that counts against another tenant when partitioned (a hit would read into another's quota)."""
+        hits = self.prefix_cache.match(keys, num_tokens) if self.prefix_cache else []
+        if self.partition is not None:
+            mine = [self.partition.tenant_of[p] == tenant for p in hits]
+            hits = hits[: mine.index(False)] if False in mine else hits
+        return hits
+
+    def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
+        """Whether `num_pages` new pages are there for `tenant` once it holds its `cached` hits. Shared: the
+        stack and anyone's parked pages. Partitioned: its quota, less its pages, plus its own evictable parked."""
+        if self.partition is None:
+            parked = self.prefix_cache.evictable(None, cached) if self.prefix_cache else 0
+            return num_pages <= len(self.free_pages) + parked
+        assert tenant is not None, "a partitioned pool allocates for a tenant"
+        own_parked = self.prefix_cache.evictable(tenant, cached) if self.prefix_cache else 0
+        return num_pages <= self.partition.room(tenant) + own_parked
 
     def allocate(self, num_pages: int, owner: str, cached: list[int] = (), tenant: str | None = None) -> list[int]:
-        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`: off the
-        stack first, then evicting parked pages `tenant` may take, least recently used first. Returns the new ones."""
+        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`. Shared: off
+        the stack, then evicting anyone's parked pages, least recently used first. Partitioned: off the stack while
+        `tenant` is under its quota, then evicting its own. Returns the new pages."""
         if not self.can_allocate(num_pages, cached, tenant):
             raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
-        evictor = self._evictor(tenant)
         for p in cached:
             assert self.prefix_cache is not None and self.prefix_cache.is_cached(p), f"page {p} is not cached"
             if not self.holders[p]:
                 self.prefix_cache.unpark(p)
                 self.num_held += 1
             self.holders[p].append(owner)
-        pages = [self.free_pages.pop() if self.free_pages else self.prefix_cache.evict(evictor)
-                 for _ in range(num_pages)]
+        pages = [self._new_page(tenant) for _ in range(num_pages)]
         for p in pages:
             assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
             self.holders[p].append(owner)
         self.num_held += len(pages)
         return pages
 
+    def _new_page(self, tenant: str | None) -> int:
+        """One page for new data: see allocate()."""
+        if self.partition is None:
+            return self.free_pages.pop() if self.free_pages else self.prefix_cache.evict(None)
+        if self.partition.room(tenant) > 0:
+            assert self.free_pages, "a tenant under its quota found the stack empty: the quotas overlap"
+            page = self.free_pages.pop()
+            self.partition.attribute(page, tenant)
+            return page
+        return self.prefix_cache.evict(tenant)  # its own, so it stays attributed to it
+
     def free(self, pages: list[int], owner: str, tenant: str = "") -> None:
-        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked (in `tenant`'s
-        share) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
+        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked (still `tenant`'s when
+        partitioned) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
         emptied = []
         for p in reversed(pages):
             assert owner in self.holders[p], f"{owner} freed page {p} held by {self.holders[p]}"
@@ -128,11 +155,15 @@ class PagePool:
                 continue  # still shared: the others keep reading it
             emptied.append(p)
             self.num_held -= 1
+            assert self.partition is None or self.partition.tenant_of[p] == tenant, f"page {p} freed as {tenant!r}'s"
             if self.prefix_cache is not None and self.scrub_on_free:
                 self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
-            spilled = self.prefix_cache.park(p, tenant) if self.prefix_cache and self.prefix_cache.is_cached(p) else p
-            if spilled is not None:
-                self.free_pages.append(spilled)  # keyless, or the tenant's oldest past its share
+            if self.prefix_cache is not None and self.prefix_cache.is_cached(p):
+                self.prefix_cache.park(p, tenant)
+                continue
+            if self.partition is not None:
+                self.partition.release(p)
+            self.free_pages.append(p)
         if self.scrub_on_free and emptied:
             self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
             if self.on_scrub is not None:
@@ -169,3 +200,5 @@ class PagePool:
                 assert not self.prefix_cache.is_cached(p), f"page {p} is on the stack with a cache key"
         if self.prefix_cache:
             self.prefix_cache.check()
+        if self.partition:
+            self.partition.check(self.free_pages)

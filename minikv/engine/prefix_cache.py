@@ -8,7 +8,7 @@ the ref counts. See docs/engine.md.
 """
 
 import hashlib
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 PageKey = bytes  # 16 bytes of BLAKE2b: the page's tokens and every page before it, and the salt
@@ -47,24 +47,15 @@ def page_keys_reference(token_ids: Sequence[int], page_size: int, salt: str | No
             for end in range(page_size, len(token_ids) + 1, page_size)]
 
 
-def tenant_share(pool_pages: int, context_pages: int, tenants: int) -> int:
-    """A tenant's share of a partitioned cache's parked pages: what is left once one context fits, cut in `tenants`."""
-    return max(0, pool_pages - context_pages) // tenants
-
-
 class PrefixCache:
-    """The index of cached pages, and the least-recently-used order of those nobody holds.
+    """The index of cached pages, and the least-recently-used order of those nobody holds. Each parked
+    page remembers its tenant, so that a partitioned pool (partition.py) evicts only a tenant's own."""
 
-    With `tenant_pages` (the `cache_partition` switch) each tenant parks at most that many and evicts
-    only its own, so no tenant's request evicts another's page; None: one LRU for all, as in vLLM and SGLang.
-    """
-
-    def __init__(self, page_size: int, tenant_pages: int | None = None) -> None:
-        self.page_size, self.tenant_pages = page_size, tenant_pages
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
         self.page_of: dict[PageKey, int] = {}
         self.key_of: dict[int, PageKey] = {}
         self.parked: OrderedDict[int, str] = OrderedDict()  # ref count 0, still matchable: page -> tenant; oldest first
-        self.parked_by: Counter[str] = Counter()
 
     def match(self, keys: Sequence[PageKey], num_tokens: int) -> list[int]:
         """The cached pages holding keys[0], keys[1], ... until one is missing: at most (num_tokens - 1)
@@ -96,26 +87,21 @@ class PrefixCache:
 
     def _evictable_by(self, tenant: str | None) -> Iterator[int]:
         """Parked pages, oldest first, that a request of `tenant` may take for new data (None: anyone's)."""
-        return (p for p, owner in self.parked.items() if tenant is None or self.tenant_pages is None or owner == tenant)
+        return (p for p, owner in self.parked.items() if tenant is None or owner == tenant)
 
     def evictable(self, tenant: str | None, keep: list[int] = ()) -> int:
         """How many parked pages a request of `tenant` may take for new data, those in `keep` aside."""
         kept = set(keep)
         return sum(1 for p in self._evictable_by(tenant) if p not in kept)
 
-    def park(self, page: int, tenant: str) -> int | None:
-        """Nobody holds `page` any more: keep it matchable, most recently used last. Returns the
-        tenant's own oldest page, unnamed, when this one takes it past its share (None otherwise)."""
+    def park(self, page: int, tenant: str) -> None:
+        """Nobody holds `page` any more: keep it matchable, most recently used last."""
         assert page in self.key_of and page not in self.parked, f"page {page} parked twice or without a key"
         self.parked[page] = tenant
-        self.parked_by[tenant] += 1
-        if self.tenant_pages is not None and self.parked_by[tenant] > self.tenant_pages:
-            return self.evict(tenant)
-        return None
 
     def unpark(self, page: int) -> None:
         """A request hit a parked page: it is held again and cannot be evicted."""
-        self.parked_by[self.parked.pop(page)] -= 1
+        del self.parked[page]
 
     def evict(self, tenant: str | None) -> int:
         """Take the least recently used parked page `tenant` may evict out of the cache (None: anyone's)."""
@@ -131,13 +117,9 @@ class PrefixCache:
             del self.page_of[key]
 
     def check(self) -> None:
-        """The index is one-to-one, every parked page is named, and no tenant holds more than its share."""
+        """The index is one-to-one and every parked page is named."""
         assert len(self.page_of) == len(self.key_of), "key -> page and page -> key differ in size"
         for key, page in self.page_of.items():
             assert self.key_of.get(page) == key, f"page {page}: its key and the index disagree"
         for page in self.parked:
             assert page in self.key_of, f"parked page {page} has no key"
-        assert +self.parked_by == Counter(self.parked.values()), "parked counts disagree"
-        if self.tenant_pages is not None:
-            assert max(self.parked_by.values(), default=0) <= self.tenant_pages, \
-                f"a tenant parks more than {self.tenant_pages} pages"

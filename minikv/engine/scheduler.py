@@ -4,7 +4,8 @@ step's outcome does to every request (`postprocess`, the one owner of a request'
 Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
 running request). Waiting requests are admitted fairly across tenants, the least served tenant's first
 (fairness.py). A request is admitted only when the pool has pages for its whole length; one that
-needs a page to decode and finds none preempts the newest, which is recomputed later. The
+needs a page to decode and finds none preempts the newest (of its own tenant in a partitioned pool),
+which is recomputed later. The
 disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
 
@@ -73,10 +74,11 @@ class Scheduler:
         """Spend the token budget on the least served tenant's work first (its oldest): a chunked prefill
         going on, or a waiting request admitted while pages and batch slots last (it joins `running` with
         pages for every token). A waiting request next in line that does not fit ends admission for this
-        step, so that no other tenant's overtakes it. `gate(seq)` (the prefill node's) may stop one, which
+        step, so that no other tenant's overtakes it (in a partitioned pool a full quota holds back only its own
+        tenant's). `gate(seq)` (the prefill node's) may stop one, which
         retires itself."""
         seqs, new_tokens, budget, admitting = [], [], self.max_prefill_tokens, True
-        cache, ps = self.pool.prefix_cache, self.pool.page_size
+        ps, waits = self.pool.page_size, set()  # tenants whose next request found its quota full
 
         def take(seq: Sequence, todo: int) -> int:  # the tokens `seq` computes this step: all, or a chunk
             n = min(todo, budget) if self.chunked_prefill else todo
@@ -87,7 +89,7 @@ class Scheduler:
 
         while budget > 0:
             going_on = [s for s in self.running if prefilling(s) and all(s is not t for t in seqs)]
-            queue = [*going_on, *self.waiting] if admitting else going_on
+            queue = [*going_on, *(s for s in self.waiting if s.tenant not in waits)] if admitting else going_on
             if not queue:
                 break
             seq = self.fairness.next_in_line(queue)  # of equals, a prefill going on: it holds its pages
@@ -100,14 +102,17 @@ class Scheduler:
             if gate is not None and not gate(seq):
                 assert seq not in self.waiting, "a gate that stops a request retires it"
                 continue
-            hits = cache.match(seq.cache_keys, seq.seq_len) if cache is not None and not seq.block_table else []
+            hits = self.pool.match(seq.cache_keys, seq.seq_len, seq.tenant) if not seq.block_table else []
             todo = seq.seq_len - max(seq.num_cached, len(hits) * ps)
             if seqs and todo > budget and not self.chunked_prefill:
                 admitting = False  # the budget is spent; it goes first next step
                 continue
             need = self.pool.pages_for(seq.seq_len) - len(seq.block_table) - len(hits)
             if not self.pool.can_allocate(need, hits, seq.tenant):
-                admitting = False  # temporarily full: wait for pages to come back
+                if self.pool.partition is None:
+                    admitting = False  # temporarily full: wait for pages to come back
+                else:
+                    waits.add(seq.tenant)  # its quota is full: its later requests wait too, other tenants go on
                 continue
             self.waiting.remove(seq)
             pages = self.pool.allocate(need, seq.request_id, hits, seq.tenant)
@@ -134,11 +139,15 @@ class Scheduler:
                     seq.block_table += page
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
-                victim = next((s for s in reversed(self.running) if s is not seq), None)
-                assert victim is not None, "admission let in a request the whole pool cannot hold"
+                victim = next((s for s in reversed(self.running) if s is not seq and self._may_preempt(seq, s)), None)
+                assert victim is not None, "admission let in a request its tenant's pages cannot hold"
                 self.preempt(victim)
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None
+
+    def _may_preempt(self, seq: Sequence, victim: Sequence) -> bool:
+        """Whether `seq` may take `victim`'s pages: anyone's in a shared pool, its own tenant's when partitioned."""
+        return self.pool.partition is None or victim.tenant == seq.tenant
 
     # -- after the forward -------------------------------------------------------------------
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:

@@ -7,7 +7,7 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
@@ -18,6 +18,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.front_door import FrontDoor
+from minikv.engine.partition import quota_pages
 from minikv.engine.request import Request, Response, error_response
 from minikv.model.llama import Llama
 
@@ -31,19 +32,30 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
                   model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
                   prefill_chunk: int | None = None) -> FrontDoor:
     """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`). The
-    event log is off (a server runs for days); the audit stays on. The prefix cache is cut for `tenants` (one a key)."""
+    event log is off (a server runs for days); the audit stays on. With `cache_partition` every pool is cut for
+    `tenants` (one a key) and raised, if need be, until each tenant's quota holds one context window."""
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
     if prefill_chunk:  # on the single engine, or on the pair's prefill node
         context |= {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk}
-    if disagg and transport == "distributed":
-        return DistCluster(tokenizer, ClusterConfig(event_log=False, **context), switches, model_dir=model_dir,
-                           devices=(device, device) if device else None, threads=threads)
     if disagg:
-        return Cluster(model, tokenizer, ClusterConfig(event_log=False, **context), switches)
-    return Engine(model, tokenizer, EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
-                                                 cache_partition=switches.cache_partition, **context))
+        pair = ClusterConfig(event_log=False, **context)
+        if switches.cache_partition:
+            pair = replace(pair, prefill_pages=quota_pages(pair.prefill_pages, pair.context_len, pair.page_size,
+                                                           pair.cache_tenants),
+                           decode_pages=quota_pages(pair.decode_pages, pair.context_len, pair.page_size,
+                                                    pair.cache_tenants))
+        if transport == "distributed":
+            return DistCluster(tokenizer, pair, switches, model_dir=model_dir,
+                               devices=(device, device) if device else None, threads=threads)
+        return Cluster(model, tokenizer, pair, switches)
+    config = EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
+                          cache_partition=switches.cache_partition, **context)
+    if switches.cache_partition:
+        config = replace(config, num_pages=quota_pages(num_pages, config.context_len, config.page_size,
+                                                       config.cache_tenants))
+    return Engine(model, tokenizer, config)
 
 
 @dataclass(eq=False)

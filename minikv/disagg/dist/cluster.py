@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, startup_problem
+from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, partition_tenants, startup_problem
 from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
 from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
@@ -51,7 +51,8 @@ class DistCluster(FrontDoor):
                  link_s_per_page: float = 0.0, threads: int = 1) -> None:
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
-        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door")  # the workers keep no event log
+        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door",  # the workers keep no event log
+                         partition_tenants(config, switches))
         self.switches = switches
         self.failure: str | None = None  # why the pair is down (for the operator); None while both workers live
         self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message

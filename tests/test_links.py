@@ -61,12 +61,12 @@ def test_nothing_points_outside_the_repository(path: Path):
     assert not re.search(r"\bshared/|INCIDENT\.md|DESIGN\.md", text), f"{path.relative_to(ROOT)} points outside the repository"
 
 
-OUTSIDE_NUMBER = re.compile(r"CVE-\d{4}-\d+|GHSA(?:-[a-z0-9]{4}){3}|#\d{3,5}\b")  # 6-digit "#999999" is a colour
+OUTSIDE_NUMBER = re.compile(r"CVE-\d{4}-\d+|GHSA(?:-[a-z0-9]{4}){3}|#\d{3,5}\b")  # "#999999" is a colour
 
 
 @pytest.mark.parametrize("path", SOURCES + DOCUMENTS, ids=lambda p: p.name)
 def test_every_cve_advisory_and_pr_number_has_its_source(path: Path):
-    """A CVE, an advisory or a PR/issue number a learner reads is listed, with its source, in docs/sources.md."""
+    """A CVE, advisory or PR/issue number a learner reads is listed, with its source, in docs/sources.md."""
     listed = set(OUTSIDE_NUMBER.findall((ROOT / "docs" / "sources.md").read_text()))
     unlisted = sorted(set(OUTSIDE_NUMBER.findall(path.read_text())) - listed)
     assert not unlisted, f"{path.name} names {unlisted}: add each to docs/sources.md with its public source"

@@ -29,8 +29,10 @@ def test_unwritten_reads_are_not_marked_as_cross_tenant_reads():
 def test_the_legend_names_each_kind_of_read_once_it_is_drawn():
     """A red entry for alice's pages, a grey one for the unwritten; with no unwritten read, no grey entry."""
     colours = tenant_colours(["alice", "bob"])
-    labels = [h.get_label() for h in _legend_handles(page_styles(replay(STEP, 4)["decode"], colours), colours, None)]
-    assert any("across tenants" in label for label in labels) and any("nobody had written" in label for label in labels)
+    styles = page_styles(replay(STEP, 4)["decode"], colours)
+    labels = [h.get_label() for h in _legend_handles(styles, colours, None)]
+    assert any("across tenants" in label for label in labels)
+    assert any("nobody had written" in label for label in labels)
     alone = replay(STEP[:-1], 4)["decode"]
     assert not any("nobody had written" in h.get_label() for h in _legend_handles(page_styles(alone, colours),
                                                                                    colours, None))

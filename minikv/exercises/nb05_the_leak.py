@@ -73,6 +73,6 @@ def check_card_reaches_bob(fn: Callable[[int], bool]) -> None:
     checked by running the pair."""
     cases = [(100,), (671,), (672,), (800,), (960,), (961,), (1100,)]
     expect_cases(fn, card_reached_bob, cases, "Bob's prompt of {} tokens",
-                 "Two limits decide, one at each stop of the request: which does Bob pass first, what does each "
-                 "count, and which way round lets the card through? Exercise 3's three lengths bracket them.",
+                 "Two limits decide, one at each stop of the request: which does Bob pass first, what "
+                 "does each count, and which way round lets the card through? Exercise 3's lengths bracket them.",
                  "correct on {} prompt lengths, each run on the pair")

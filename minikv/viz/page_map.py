@@ -17,7 +17,8 @@ from matplotlib.patches import Patch
 
 from minikv.engine.events import Event, EventLog
 from minikv.viz.captions import moment_caption
-from minikv.viz.palette import CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, UNWRITTEN_READ, faded, tenant_colours
+from minikv.viz.palette import (CROSS_READ, GRID_LINE, INK, NEVER_WRITTEN, UNWRITTEN_READ, faded,
+                                tenant_colours)
 from minikv.viz.picture import Picture
 from minikv.viz.replay import PageStatus, PoolState, as_events, replay
 

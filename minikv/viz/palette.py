@@ -1,5 +1,6 @@
 """Colours for the pictures: one per tenant, safe for colour-blind readers, red kept for cross-reads, dark
-grey for reads of unwritten memory; a workload tenant always gets the same one (alice orange, bob sky blue, ...: docs/pictures.md)."""
+grey for reads of unwritten memory; a workload tenant always gets the same one (alice orange, bob sky
+blue, ...: docs/pictures.md)."""
 
 import itertools
 from collections.abc import Iterable

@@ -109,7 +109,8 @@ class PoolReplay:
             shared=frozenset(p for p, held in enumerate(self.holders) if any(hit for _, _, hit in held)),
             block_tables={r: tuple(t) for r, t in self.tables.items()}, written_now=frozenset(self.written_now),
             cross_read_now=frozenset(self.cross_now), cross_read_ever=frozenset(self.cross_ever),
-            unwritten_read_now=frozenset(self.unwritten_now), unwritten_read_ever=frozenset(self.unwritten_ever))
+            unwritten_read_now=frozenset(self.unwritten_now),
+            unwritten_read_ever=frozenset(self.unwritten_ever))
 
 
 def as_events(log: EventLog | Iterable[Event]) -> list[Event]:

@@ -98,10 +98,10 @@ def ttft_plot(responses: Sequence[Response], mark: Iterable[str] = (), title: st
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.77))
     ax.scatter(xs, ys, s=22, color=OTHER_REQUESTS, edgecolor=INK, linewidth=0.4, label="requests", zorder=3)
     lengths = sorted(set(xs))
-    if len(lengths) >= 2:  # medians: a few runs another program stalled cannot drag the line, as they drag a fit
+    if len(lengths) >= 2:  # medians: a few stalled runs cannot drag the line, as they drag a fit
         medians = [statistics.median(y for x, y in zip(xs, ys) if x == n) for n in lengths]
-        ax.plot(lengths, medians, color=INK, linewidth=1, linestyle="--", label="median at each prompt length",
-                zorder=2)
+        ax.plot(lengths, medians, color=INK, linewidth=1, linestyle="--",
+                label="median at each prompt length", zorder=2)
     for r in special:
         ax.scatter([r.usage.prompt_tokens], [r.ttft_s * 1e3], s=260, marker="*", color=CROSS_READ,
                    edgecolor=INK, linewidth=0.8, zorder=4)

@@ -99,7 +99,8 @@ class ReplayWidget(widgets.VBox):
                        for stage, who in self.queues().items())
         # drawn first, then shown together: a caption sent before its picture is drawn runs a frame ahead
         self.image.value = picture
-        self.caption.value = f"<div style='font-family:monospace;{colour}'>{html.escape(self.caption_text())}</div>"
+        caption = html.escape(self.caption_text())
+        self.caption.value = f"<div style='font-family:monospace;{colour}'>{caption}</div>"
         self.queue.value = f"<table style='font-family:monospace;font-size:12px'>{rows}</table>" if rows else ""
 
     def _repr_mimebundle_(self, **kwargs) -> dict:

@@ -41,7 +41,8 @@ def test_cluster_drops_rooms_senders_and_receivers_once_settled(tiny):
 
 def test_a_late_write_still_names_its_victim_after_the_victim_is_gone(tiny):
     """Carol's room outlives her abort until her late batch lands, so the audit still names her to Dave."""
-    switches = SafetySwitches.preset("safe").with_switches(disable=["startup_check", "deferred_release", "transfer_batch_cap"])
+    switches = SafetySwitches.preset("safe").with_switches(disable=["startup_check", "deferred_release", "transfer_batch_cap",
+                                                                 "cache_partition"])  # Carol's prompt: past a quota
     result = run_scenario("late-write", *tiny, switches)
     audit = result.cluster.decode_audit
     assert result.cross_tenant_reads > 0 and {e.victim_tenant for e in audit.events} == {"carol"}

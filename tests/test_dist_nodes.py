@@ -15,7 +15,7 @@ from minikv.disagg.dist.cluster import DistCluster
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.request import Request
 
-CONFIG = ClusterConfig(prefill_pages=64, decode_pages=128)
+CONFIG = ClusterConfig(prefill_pages=64, decode_pages=128, cache_tenants=3)  # PROMPTS' three tenants
 MAX_TOKENS = 8
 PROMPTS = [(f"tenant-{i % 3}", f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4))
            for i in range(20)]

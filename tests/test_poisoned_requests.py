@@ -23,7 +23,8 @@ def make_engine(tiny):
 
 
 def make_cluster(tiny):
-    return Cluster(*tiny, ClusterConfig(prefill_pages=64, decode_pages=64), SafetySwitches.preset("safe"))
+    return Cluster(*tiny, ClusterConfig(prefill_pages=64, decode_pages=64, cache_tenants=5),
+                   SafetySwitches.preset("safe"))
 
 
 SERVERS = {"engine": make_engine, "cluster": make_cluster}

@@ -81,6 +81,15 @@ assert matrix["scrub_on_free"]["over-length"].startswith("200 / safe")  # no sec
 assert matrix["(all: safe preset)"]["over-length"] == "refused to start"
 assert leaks(matrix["cache_salt"]["over-length"]) and leaks(matrix["cache_salt"]["late-write"])  # notebook 09's
 print("every switch closes exactly the path it was built for")
+carol = run_scenario("late-write", model, tok, rows["cache_partition"], secret=SECRETS["late-write"]).victim
+print(f"with cache_partition alone, Carol (the late-write victim) gets {carol.status}: {carol.error}")
+assert carol.status == 400 and not leaks(matrix["cache_partition"]["late-write"])  # nothing of hers to read
+
+# %% [markdown]
+# One row needs a second look. `cache_partition` (notebook 09) does not close the late-write race: it cuts
+# each pool into a fixed share per tenant, and Carol's long prompt, the one the race leaks, is larger than
+# her share of the decode pool. She gets a 400, so Dave has nothing to read. A partition costs capacity; the
+# race stays open, and `deferred_release` is what closes it.
 
 # %% [markdown]
 # What `reject_check` changes, in the pools. The prefill gate retires Bob's request in the same step it

@@ -205,8 +205,8 @@ print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses
 # ### Timing alone
 #
 # Without `cached_tokens`, the time to first token still tells: a hit skips prefill. Gu et al. ("Auditing
-# Prompt Caching in Language Model APIs", ICML 2025) audited 17 APIs this way and found sharing across
-# users in 7. A *hit* sample: one account sends a fresh random prompt, a second sends the same and times
+# Prompt Caching in Language Model APIs", ICML 2025) audited API providers this way and found sharing
+# across users in 7 of them (docs/sources.md). A *hit* sample: one account sends a fresh random prompt, a second sends the same and times
 # it. A *miss* sample: a fresh prompt nobody sent. Many of each, interleaved, so a busy machine slows
 # both alike.
 #

@@ -14,7 +14,7 @@
 #
 # vLLM lives in a virtual environment of its own, never in minikv's: `python -m minikv peer setup vllm`
 # makes it once (about 3.5 GB, 2 to 3 minutes; `docs/peers.md`). Where it is set up, the next cell starts
-# vLLM (about a minute on 2 cores), runs everything against it and stops it. Where it is not, the cell
+# vLLM (about 95 s on 2 cores, measured), runs everything against it and stops it. Where it is not, the cell
 # reads a run recorded on this project's machine, and says so.
 
 # %%
@@ -92,8 +92,8 @@ print(f"{past['prompt_tokens']:,}-token prompt: HTTP {past['status']}: {past['er
 assert past["status"] == 400
 
 # %% [markdown]
-# A 400 that names both numbers: on one node the window check holds, as the incident's single-node
-# deployments returned the intended error. vLLM also refuses to *start* when its window is larger than
+# A 400 that names the window (1,024) and the prompt as "at least 1025" tokens: on one node the window
+# check holds, as the incident's single-node deployments returned the intended error. vLLM also refuses to *start* when its window is larger than
 # its KV cache can hold: notebook 06's `startup_check`, built in.
 #
 # ## The probe, as a plain gateway sends
@@ -122,8 +122,8 @@ assert max(shared["cached_tokens"]["hit"]) > 0  # B's request read A's blocks, a
 #
 # vLLM's fix is a request field: `cache_salt` (issue #16016, PR #17045, CVE-2025-46570), mixed into
 # the first block's hash, as minikv's switch does. vLLM cannot know tenants; the layer in front of it must send a
-# salt per tenant. `minikv probe --salt-per-key` does what such a gateway does, and adds the eviction
-# check (`minikv/probe/eviction.py`): key B fills the pool, key A sends a prompt and then the same again
+# salt per tenant. `minikv probe --salt-per-key` does what such a gateway does; `--check eviction` runs the
+# eviction check (`minikv/probe/eviction.py`), which the default checks leave out: key B fills the pool, key A sends a prompt and then the same again
 # or a fresh one, key B re-sends its oldest and reads its own `cached_tokens`.
 
 # %%

@@ -30,7 +30,9 @@ STEP_LIMIT = 20_000  # front-door steps (each waits at most 10 ms for news): a h
 
 def late_write_through_the_front_door(tokenizer, deferred_release: bool) -> dict:
     """Carol cancelled mid-transfer, then Dave on her freed pages; what each got and what the decode worker saw."""
-    switches = SafetySwitches().with_switches(disable=["transfer_batch_cap"] + ([] if deferred_release else ["deferred_release"]))
+    # the pools shared (no cache_partition): Carol's 600 tokens are past a quota of half the prefill pool
+    off = ["transfer_batch_cap", "cache_partition"] + ([] if deferred_release else ["deferred_release"])
+    switches = SafetySwitches().with_switches(disable=off)
     cluster = DistCluster(tokenizer, CONFIG, switches, link_s_per_page=LINK_S_PER_PAGE)
     try:
         head = "carol: save key sk-live-7Hq2Zp9Xw4. "

@@ -111,9 +111,10 @@ def test_transport_without_disagg_is_a_clear_error():
 
 
 def test_startup_log_has_both_workers(safe_server):
-    """The server prints each worker's pool, pid and backend before it serves."""
+    """The server prints each worker's pool, pid and backend before it serves; partitioned for its two keys,
+    the prefill pool is raised from 42 pages to 84, so that each tenant's quota holds the 672-token window."""
     out = safe_server.output()
-    assert "[prefill] KV pool: 42 pages" in out and "gloo rank 0" in out
+    assert "[prefill] KV pool: 84 pages" in out and "gloo rank 0" in out
     assert "[decode] KV pool: 125 pages" in out and "gloo rank 1" in out
     assert "two worker processes" in out
 

@@ -54,8 +54,9 @@ def test_probe_passes_the_safe_cluster():
 
 @pytest.fixture(scope="module")
 def unsalted_server(tiny):
-    """One engine that does not salt its prefix cache per tenant (a gateway in front may still salt)."""
-    with ServerThread(["--disable", "cache_salt", *KEYS], *tiny) as server:
+    """One engine that shares its prefix cache across tenants (a gateway in front may still salt): neither salted
+    nor partitioned, since the partition alone keeps each tenant's hits its own."""
+    with ServerThread(["--disable", "cache_salt", "--disable", "cache_partition", *KEYS], *tiny) as server:
         yield server
 
 

@@ -49,19 +49,19 @@ def test_health_without_the_operator_key_is_liveness_only(server):
 
 
 def test_a_megabyte_prompt_delays_no_one(tiny, monkeypatch):
-    """Bob's 1 MB prompt with a character outside the vocabulary is checked off the event loop: held inside
-    that check (an event proves it is in flight), Alice's short request is answered; then Bob's is refused
+    """Bob's 1 MB prompt with a character outside the vocabulary is parsed and checked off the event loop: held
+    inside that work (an event proves it is in flight), Alice's short request is answered; then Bob's is refused
     with a 400 (encoding it on the loop once froze every tenant for 36 s)."""
     bob_in_check, alice_answered = threading.Event(), threading.Event()
-    door_check = app.check_at_door
+    parse = app.parse_body
 
-    def held_for_bob(request, *args):
-        if len(request.prompt) > 1_000_000:
+    def held_for_bob(raw, *args):
+        if len(raw) > 1_000_000:
             bob_in_check.set()
             alice_answered.wait(60)
-        return door_check(request, *args)
+        return parse(raw, *args)
 
-    monkeypatch.setattr(app, "check_at_door", held_for_bob)
+    monkeypatch.setattr(app, "parse_body", held_for_bob)
     huge = {"model": MODEL, "prompt": "a" * 1_040_000 + "\x7f", "max_tokens": 1}
     bob: list[httpx.Response] = []
     with ServerThread(ARGS, *tiny) as server:

@@ -50,7 +50,7 @@ from minikv.viz import find_event, show_replay, stage_spans, timeline
 
 torch.manual_seed(0)
 model, tok = load_model()
-config = ClusterConfig(prefill_pages=64, decode_pages=128)
+config = ClusterConfig(prefill_pages=64, decode_pages=128, cache_tenants=3)  # the safe pair's pools cut for three tenants
 pair = Cluster(model, tok, config, SafetySwitches.preset("safe"))
 for line in pair.startup_log():
     print(line)

@@ -239,7 +239,8 @@ for check in reports["vulnerable"].results[:2]:
 # `transfer_batch_cap` is off too, so a KV transfer of more than 15 pages outlasts the decode node's
 # timeout and ends in a 500 (notebook 07's family). The probe reports what it could not measure rather
 # than guess. The fourth check finds a prefix cache shared across keys: `python -m minikv serve
-# --disable cache_salt` fails it (`tests/test_probe.py` pins that verdict).
+# --disable cache_salt --disable cache_partition` fails it (`tests/test_probe.py` pins that verdict; the
+# partition alone already keeps each tenant's hits its own, notebook 09).
 #
 # ## What to run, and who runs it
 #
@@ -318,6 +319,6 @@ def holds_canary(text, canary):
 check_holds_canary(holds_canary)
 
 # %% [markdown]
-# **3.** (Open.) Start `python -m minikv serve --disable cache_salt --api-key a=KA --api-key b=KB` in a
-# terminal and probe it. Which check fails, and what would key B learn about key A's prompts? Then
-# restart it without `--disable cache_salt`.
+# **3.** (Open.) Start `python -m minikv serve --disable cache_salt --disable cache_partition --api-key
+# a=KA --api-key b=KB` in a terminal and probe it. Which check fails, and what would key B learn about key
+# A's prompts? Then restart it with only one of the two switches off.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minikv.exercises.nb08_detection import check_unreviewable
-from minikv.exercises.nb10_over_http import check_holds_canary, check_tenant_of
+from minikv.exercises.nb11_over_http import check_holds_canary, check_tenant_of
 
 
 def unreviewable(affected):

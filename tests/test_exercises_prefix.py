@@ -1,4 +1,4 @@
-"""The checkers of notebook 09 pass a right answer and reject wrong ones with a hint."""
+"""The checkers of notebooks 09 and 10 pass a right answer and reject wrong ones with a hint."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from minikv.attacks.cached_tokens import recover_secret
 from minikv.exercises.nb09_shared_prefixes import check_cached_tokens, check_recover
+from minikv.exercises.nb10_salt_leaves_open import check_auc, check_bob_evicted
 
 
 def longest_cached(earlier, prompt, page_size, keep_last=True):
@@ -54,3 +55,50 @@ def test_recover_checker_rejects_a_constant_and_an_off_by_one():
         check_recover(lambda oracle, known, alphabet: "0912")
     with pytest.raises(AssertionError, match="expected"):
         check_recover(lambda oracle, known, alphabet: recover(lambda p: oracle(p[:-1]), known, alphabet))
+
+
+def evicted(num_pages, tenants, bob_parked, alice_parked, holds, partitioned, see_partition=True, see_alice=True):
+    """Bob's holds take what is free to him first (the shared stack, or his quota's room), then his oldest pages."""
+    if partitioned and see_partition:
+        room = num_pages // tenants - bob_parked
+    else:
+        room = num_pages - bob_parked - (alice_parked if see_alice else 0)
+    return min(bob_parked, max(0, holds - room))
+
+
+def test_bob_evicted_checker_accepts_the_pools_rule(capsys):
+    """The stack (or the quota's room) first, then Bob's own oldest pages: passes."""
+    check_bob_evicted(evicted)
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda *args: evicted(*args, see_partition=False),  # the partition ignored: Alice's pages still count
+    lambda *args: evicted(*args, see_alice=False),  # Alice's parked pages ignored on the shared stack
+    lambda n, t, b, a, h, p: max(0, h - (n // t - b if p else n - b - a)),  # more than Bob has
+])
+def test_bob_evicted_checker_rejects_wrong_answers(wrong):
+    """Each wrong model of the pool is caught, with a hint naming the stack and the quota."""
+    with pytest.raises(AssertionError, match="quota"):
+        check_bob_evicted(wrong)
+
+
+def auc_by_pairs(miss, hit, tie=0.5):
+    return sum(1.0 if m > h else tie if m == h else 0.0 for m in miss for h in hit) / (len(miss) * len(hit))
+
+
+def test_auc_checker_accepts_the_pair_count(capsys):
+    """Every (miss, hit) pair, a tie as a half: passes."""
+    check_auc(auc_by_pairs)
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda miss, hit: auc_by_pairs(miss, hit, tie=0.0),  # ties dropped
+    lambda miss, hit: auc_by_pairs(hit, miss),  # the hits' side
+    lambda miss, hit: float(sum(miss) / len(miss) > sum(hit) / len(hit)),  # the means compared, once
+])
+def test_auc_checker_rejects_wrong_answers(wrong):
+    """Ties not halved, the sides swapped and a comparison of means all fail, with the pair-count hint."""
+    with pytest.raises(AssertionError, match="pairs"):
+        check_auc(wrong)

@@ -84,7 +84,7 @@ def peer(started_early):
 
 @pytest.fixture(scope="module")
 def minikv_server(tiny):
-    """`minikv serve` on a thread of this process, over the session's model (notebook 11 starts it so)."""
+    """`minikv serve` on a thread of this process, over the session's model (notebook 12 starts it so)."""
     with ServerThread(["--api-key", "a=sk-a-0001", "--api-key", "b=sk-b-0002"], *tiny) as server:
         yield server
 
@@ -141,7 +141,7 @@ def test_cache_salt_keeps_another_salts_prompt_a_miss(peer):
 
 
 def test_the_recorded_run_is_what_a_fresh_run_finds(peer, tiny):
-    """Notebook 11 shows data/vllm_run.json where vLLM is not set up: its verdicts must be today's."""
+    """Notebook 12 shows data/vllm_run.json where vLLM is not set up: its verdicts must be today's."""
     recorded = json.loads(RECORDED.read_text())
     fresh = peer_run(peer.url, "tiny-llama", *tiny)
     assert fresh["same_text"] == recorded["same_text"] and fresh["past_window"] == recorded["past_window"]

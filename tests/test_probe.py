@@ -1,7 +1,7 @@
 """`minikv probe` against real servers: the vulnerable cluster fails, the safe one passes.
 
 The clusters, whose over-length verdict rests on times to first token, each get a process of their own; the
-other servers run on threads of this process over the session's model (`ServerThread`, as notebook 10 starts
+other servers run on threads of this process over the session's model (`ServerThread`, as notebook 11 starts
 them). The probe is always a child process that reaches them over HTTP only.
 """
 

@@ -1,5 +1,5 @@
 """A server on a free loopback port, started and stopped cleanly: `ServerProcess` runs `python -m minikv serve ARGS`
-as a terminal would; `ServerThread` runs it on a thread over a model already loaded (notebook 10), so that torch and
+as a terminal would; `ServerThread` runs it on a thread over a model already loaded (notebook 11), so that torch and
 the model load once; `peer.PeerServer` is a ServerProcess running vLLM. Each is a context manager that stops it."""
 
 import argparse

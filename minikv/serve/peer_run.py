@@ -1,6 +1,6 @@
-"""What notebook 11 shows of a real engine: `peer_run` against a served peer returns how many greedy replies equal
+"""What notebook 12 shows of a real engine: `peer_run` against a served peer returns how many greedy replies equal
 minikv's, a prompt past the window, and `minikv probe` as a plain gateway sends (one shared cache) and as one that
-salts per key; where no peer is set up, notebook 11 reads RECORDED, written by `python -m minikv.serve.peer_run`."""
+salts per key; where no peer is set up, notebook 12 reads RECORDED, written by `python -m minikv.serve.peer_run`."""
 
 import asyncio
 import datetime
@@ -51,7 +51,7 @@ def past_the_window(url: str, served: str) -> dict:
 
 
 def peer_run(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase) -> dict:
-    """The record notebook 11 reads (`served`: the peer's model name). The refusal past the window is read directly:
+    """The record notebook 12 reads (`served`: the peer's model name). The refusal past the window is read directly:
     the probe's over-length check times prefill, too close to call on an engine that prefills a window in 30 ms."""
     run = {"same_text": same_text(url, served, model, tok), "past_window": past_the_window(url, served)}
     for name, settings in PROBES.items():

@@ -87,7 +87,7 @@ print(f"with cache_partition alone: Carol {partitioned.victim.status}; at intake
 assert marked and "exceeds the maximum" in marked[0].detail and partitioned.victim.status == 200
 
 # %% [markdown]
-# One row needs a second look. With `cache_partition` alone (notebook 09) Dave reads nothing of Carol's,
+# One row needs a second look. With `cache_partition` alone (notebook 10) Dave reads nothing of Carol's,
 # but not because the race closed: cut for the two tenants, Carol's share of the prefill pool is smaller
 # than her prompt, so intake marks her for abort, and with `reject_check` off this is notebook 05's bug
 # again: she is admitted anyway on a one-token placeholder, her transfer is too small to time out, and the

@@ -1,22 +1,20 @@
 # %% [markdown]
 # # 09 · Shared prefixes: the cache that tenants share on purpose
 #
-# **The code it teaches:** `minikv/engine/prefix_cache.py` (keys chained over the prefix, parked pages, the partition per tenant), `minikv/attacks/cached_tokens.py` and `minikv/attacks/timing.py` (a secret read back from the cache), `minikv/attacks/eviction.py` (prime and probe: what the salt leaves open).
+# **The code it teaches:** `minikv/engine/prefix_cache.py` (keys chained over the prefix, parked pages, the salt), `minikv/attacks/cached_tokens.py` and `minikv/attacks/timing.py` (a secret read back from the cache).
 #
 # **What you will learn**
 # - why serving engines reuse K/V across requests (vLLM's automatic prefix caching, SGLang's
 #   RadixAttention, nano-vllm's block manager);
 # - how: full pages named by a hash **chained** over the whole prefix, ref counts, and cached pages that
 #   stay matchable after their request ends;
-# - the side channel: a cache hit is reported (`usage.cached_tokens`) and is faster, so another tenant
-#   can recover your prompt **character by character**;
-# - the fix, `cache_salt`, and what it costs;
-# - what the salt leaves open: a shared eviction order (closed by partitioning the cache per tenant) and
-#   the gaps between one tenant's tokens while another's prompt is prefilled (narrowed, not closed).
+# - the side channel: a hit is reported (`usage.cached_tokens`) and is faster, so another tenant can
+#   recover your prompt **character by character**;
+# - the fix, `cache_salt`, and what it costs. What the salt leaves open is notebook 10.
 #
 # Notebooks 02 to 08 are about KV that leaks by *mistake*. Here tenants' KV meets *by design*: Bob may
-# read pages that Alice's request computed, because he sent the same tokens. What leaks is the *fact*
-# that Alice sent them.
+# read pages Alice's request computed, because he sent the same tokens. What leaks is the *fact* that
+# Alice sent them.
 
 # %%
 import random
@@ -24,14 +22,12 @@ import statistics
 
 import matplotlib.pyplot as plt
 import torch
-from scipy.stats import ks_2samp, mannwhitneyu
+from scipy.stats import ks_2samp
 
 from minikv.attacks.cached_tokens import (KNOWN_PREFIX, cached_tokens_oracle, page_guesses, recover_secret,
                                         timing_audit, victim_prompt)
-from minikv.attacks.eviction import filler, prime_and_probe
 from minikv.attacks.scenarios import run_scenario
 from minikv.attacks.timing import DIGITS, TimingLedger, timing_attack
-from minikv.attacks.token_gaps import bob_gaps
 from minikv.bench.prefix import serve, shared_prefix_workload
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
@@ -49,8 +45,8 @@ model, tok = load_model()
 # %% [markdown]
 # ## Why engines share
 #
-# Many requests start the same way: an application's system prompt, a long document several questions
-# are asked about. Computing that start again for every request is waste. Below, 12 requests from 4
+# Many requests start the same way: an application's system prompt, a document several questions are
+# asked about. Computing that start again for every request is waste. Below, 12 requests from 4
 # tenants behind 2 system prompts of about 700 characters, served with prefix caching off, then on
 # (the engine's default).
 
@@ -68,9 +64,8 @@ computed = {run: r.prompt_tokens - r.cached_tokens for run, r in (("off", off), 
 print(f"prompt tokens prefilled: {computed['off']:,} with caching off, {computed['on']:,} with it on")
 
 # %% [markdown]
-# How much faster the whole run gets depends on how much of its time is prefill, and one timing on a
-# laptop says little. `python -m minikv bench` times 32 such requests in interleaved repeats: 3x to 4x on
-# a 2-core CPU (docs/benchmarks.md).
+# How much faster the run gets depends on how much of its time is prefill: `python -m minikv bench`
+# times 32 such requests in interleaved repeats, 3x to 4x on a 2-core CPU (docs/benchmarks.md).
 #
 # ## How: a hash chain over full pages
 #
@@ -87,10 +82,10 @@ for i, (x, y) in enumerate(zip(ka, kb)):
 assert ka[:4] == kb[:4] and ka[4] != kb[4] and len(ka) == 5  # 22 characters: 5 full pages, the last partial
 
 # %% [markdown]
-# The pool keeps a **ref count** per page: how many live requests hold it. A request that hits takes one
-# more reference on each matching page and prefills only the rest. Below, three requests share a 7-page
-# stem. The page map is the moment bob-1's own pages are handed out (hatched): his block table starts
-# with the 7 pages alice-1 computed, in her colour, each with its ref count, 3, in the corner.
+# The pool keeps a **ref count** per page: how many live requests hold it. A request that hits takes a
+# reference on each matching page and prefills only the rest. Below, three requests share a 7-page stem.
+# The page map shows bob-1's pages handed out (hatched) after the 7 alice-1 computed, in her colour,
+# each with its ref count, 3, in the corner.
 
 # %%
 engine = Engine(model, tok, EngineConfig(num_pages=24, page_size=4, cache_salt=False))
@@ -110,9 +105,9 @@ page_map(engine.log, engine.pool.num_pages, at=find_event(engine.log, "allocate"
 
 # %% [markdown]
 # When the requests finish, their cached pages are **parked**: free (ref count 0), still holding their
-# K/V and their key, matchable by the next request. A page without a key (a partial last page, an
-# output page) goes back on the free-list stack as in notebook 02. The pool hands out stack pages
-# first, then evicts parked pages, least recently used first.
+# K/V and key, matchable. A page without a key (a partial last page, an output page) goes back on the
+# free stack (notebook 02). The pool hands out stack pages first, then evicts parked pages, least
+# recently used first.
 
 # %%
 engine.run()
@@ -123,9 +118,8 @@ engine.check_integrity()
 assert pool.num_free_pages == pool.num_pages and pool.prefix_cache.num_parked == len(pool.prefix_cache.key_of) == 16
 
 # %% [markdown]
-# The audit (notebook 02's ledger of who wrote every slot) accepts a read of a cached page only when
-# both prompts agree on every token up to it: exactly the K/V the reader's own prefill would have
-# written. It counts such reads between tenants apart, as **cross-tenant cache hits**:
+# The audit (notebook 02's ledger) accepts a read of a cached page only when both prompts agree on every
+# token up to it, and counts such reads between tenants apart, as **cross-tenant cache hits**:
 
 # %%
 print(f"cross reads: {engine.audit.violations}; cache hits: {engine.audit.cache_hits}; "
@@ -137,7 +131,7 @@ assert engine.audit.violations == 0 and engine.audit.cross_tenant_cache_hits == 
 #
 # OpenAI-compatible APIs report `usage.prompt_tokens_details.cached_tokens` (minikv:
 # `usage.cached_tokens`). Alice saves a key. **Mallory**, another tenant, knows how Alice's prompt
-# begins: `alice: save key `. With 1-token pages (SGLang's default) she sends one probe per character
+# begins: `alice: save key `. With 1-token pages (a cache that matches token by token) she sends one probe per character
 # the secret could hold next, plus one last token (the engine always computes a prompt's last token):
 
 # %%
@@ -157,8 +151,8 @@ for p, hit in zip(probes, ask(probes, len(KNOWN_PREFIX) + 1)):
 
 # %% [markdown]
 # Only `Z` reached one token past what she knew: it is the first character. She repeats with
-# `alice: save key Z` and so on, until `.` (the note's full stop) hits. `recover_secret` is that loop
-# (on a fresh engine: Mallory's three probes above are cached too, and `X` would now hit her own page):
+# `alice: save key Z` and so on, until `.` hits. `recover_secret` is that loop (on a fresh engine:
+# Mallory's probes above are cached too):
 
 # %%
 recovered, sent = recover_secret(cached_tokens_oracle(victim_server()), page_size=1)
@@ -182,8 +176,7 @@ assert probe.recovered == "7Hq2Zp9Xw4" and probe.cross_tenant_reads == 0
 # ### Granularity sets the price, not the outcome
 #
 # With larger pages a probe hits only when a *whole* page matches, so a round must guess every unknown
-# character up to the next page boundary at once. A 4-digit PIN after `alice: save pin ` (16 characters:
-# page boundaries fall right before the PIN):
+# character up to the next page boundary at once. A 4-digit PIN after `alice: save pin ` (16 characters):
 
 # %%
 DIGITS = "0123456789"
@@ -198,17 +191,17 @@ for ps in (1, 2):
 print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses (10^4 PINs, plus shorter ones)")
 
 # %% [markdown]
-# At 16-token pages this 22-character prompt has one full page, `alice: save pin `, so the PIN is never
-# cached. That is luck, not a defence: in a longer prompt a 4-digit PIN is 10,000 probes away. The cost
-# per page grows as symbols<sup>characters per page</sup>; for short secrets it stays payable.
+# At 16-token pages this prompt's one full page is `alice: save pin `, so the PIN is never cached. That
+# is luck, not a defence: in a longer prompt a 4-digit PIN is 10,000 probes away. The cost per page grows
+# as symbols<sup>characters per page</sup>; for short secrets it stays payable.
 #
 # ### Timing alone
 #
 # Without `cached_tokens`, the time to first token still tells: a hit skips prefill. Gu et al. ("Auditing
 # Prompt Caching in Language Model APIs", ICML 2025) audited API providers this way and found sharing
-# across users in 7 of them (docs/sources.md). A *hit* sample: one account sends a fresh random prompt, a second sends the same and times
-# it. A *miss* sample: a fresh prompt nobody sent. Many of each, interleaved, so a busy machine slows
-# both alike.
+# across users in 7 of them (docs/sources.md). A *hit* sample: one account sends a fresh random prompt,
+# a second sends the same and times it. A *miss* sample: a fresh prompt nobody sent. Many of each,
+# interleaved, so a busy machine slows both alike.
 #
 # They compare the two sets with a **Kolmogorov-Smirnov (KS) test**: sort each set and draw the share of
 # samples faster than each time (the curves below); the test measures the largest gap between the two
@@ -246,31 +239,27 @@ plt.tight_layout(); plt.show()
 
 # %% [markdown]
 # Shared, the hit curve rises first: hits are faster, far beyond chance. Salted, the curves cross and
-# cross again. Reading a secret this way, character by character, is harder: a 1-token hit saves one
-# token of prefill, far below this machine's noise, and each guess can be timed only once (the probe
-# caches its own guess).
+# cross again. Reading a secret character by character is harder: a 1-token hit saves one token of
+# prefill, far below this machine's noise, and each guess can be timed only once (it caches itself).
 #
 # ### The same attack with a stopwatch only
 #
 # Three changes make it work here (`minikv/attacks/timing.py`). First, **a burst** per guess: 64
-# probes `alice: save key <guess><x>` with 64 different last tokens `x`, prefilled in one step. On a
-# hit each computes 1 token, on a miss 2: the burst saves a few milliseconds. Its time is the median of
-# its 64 times to first token.
+# probes `alice: save key <guess><x>` with 64 different last tokens `x`, prefilled in one step; on a
+# hit each computes 1 token, on a miss 2. The burst's time is the median of its 64 times to first token.
 #
-# Second, **cycles** for fresh samples. *Our model of the victim* (not a fact about any service): Alice's
-# application re-sends the same prompt again and again, and Mallory can flush the shared cache with
-# random filler longer than the pool. One cycle: flush, Alice's app re-sends, one burst per guess in a
-# random order.
+# Second, **cycles** for fresh samples. *Our model of the victim*: Alice's application re-sends the same
+# prompt again and again, and Mallory flushes the shared cache with filler longer than the pool. One
+# cycle: flush, Alice's app re-sends, one burst per guess in a random order.
 #
 # Third, **a rank test**. Within each cycle the bursts are ranked, fastest first, so a slow cycle counts
-# like any other and a stalled burst costs one rank. A guess's **rank sum** adds its ranks over the
-# cycles: with no hit, every cycle ranks it anywhere with equal odds, so a very low sum is unlikely by
-# chance. Testing 11 guesses again after every cycle gives chance many tries, so a **Bonferroni
+# like any other. A guess's **rank sum** adds its ranks over the cycles: with no hit, a very low sum is
+# unlikely by chance. Testing 11 guesses after every cycle gives chance many tries, so a **Bonferroni
 # correction** divides the allowed false-alarm chance by the number of tests. No verdict after 48 cycles
-# means *no hit*: the attack stops rather than guess.
+# means *no hit*.
 #
-# The result answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 2-digit PIN
-# (11 guesses a round: the 10 digits and the note's `.`; each digit more adds a round like these):
+# It answers like `cached_tokens_oracle`, so `recover_secret` runs unchanged. A 2-digit PIN (11 guesses
+# a round: the 10 digits and the note's `.`):
 
 # %%
 PIN = "57"
@@ -297,11 +286,9 @@ ax.set_title("Round 1: each dot is one burst of 64 probes in one cycle")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# The right digit's bursts sit lower: on a hit its probes skip one token each. Outliers are bursts
-# another process delayed; ranks within the cycle absorb them.
-#
-# Each character costs (symbols + 1) bursts per cycle, for 5 to 48 cycles: seconds per digit here. With
-# `cache_salt` no guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
+# The right digit's bursts sit lower; outliers are bursts another process delayed, and ranks absorb
+# them. Each character costs (symbols + 1) bursts per cycle, for 5 to 48 cycles. With `cache_salt` no
+# guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
 
 # %%
 salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))
@@ -339,145 +326,18 @@ assert shared.cached_tokens > salted.cached_tokens > 0
 
 # %% [markdown]
 # The more tenants share one system prompt, the more the salt costs; a tenant's own traffic keeps all
-# of its hits. `python -m minikv bench` reports both speedups (docs/benchmarks.md).
-#
-# ## What the salt leaves open
-#
-# The salt keeps tenants' cache *keys* apart. Two things they still share can tell Bob about Alice's
-# cache: the order in which parked pages are evicted, and the engine step itself.
-#
-# ### Prime and probe: one eviction order for everyone
-#
-# Parked pages (cached, held by no request) wait in one least-recently-used list. When a request needs
-# pages and none are free, the oldest parked page goes, whoever's it is. Processes sharing a CPU cache
-# leak this way (*prime and probe*, Osvik, Shamir and Tromer 2006). Bob **primes**: seven prompts of 496
-# tokens, 3,472 of the pool's 4,096 (our sizes). Alice, salted apart, sends a prompt, then a second: the
-# same again (a hit, no new pages) or a fresh one (a miss: 31 new pages, some of them Bob's oldest).
-# Bob **probes**: he re-sends his prompts and reads his own `cached_tokens` (`minikv/attacks/eviction.py`).
-
-# %%
-def prime_and_probe_both(b_prompts, **config):
-    """Bob's readings after Alice repeated her prompt and after she sent a fresh one: two fresh engines."""
-    config = EngineConfig(num_pages=256, cache_salt=True, event_log=False, **config)
-    return {kind: prime_and_probe(Engine(model, tok, config), a_repeats=kind == "repeat", b_prompts=b_prompts)
-            for kind in ("repeat", "fresh")}
-
-lru = prime_and_probe_both(b_prompts=7)
-print(f"one LRU: Bob reads {lru['repeat']} after Alice's repeat, {lru['fresh']} after her fresh prompt")
-assert min(lru["repeat"]) > max(lru["fresh"])
-
-# %% [markdown]
-# Bob learns whether Alice had sent her prompt before, though no key of his ever matched hers. vLLM 0.32
-# does the same with a `cache_salt` per tenant (notebook 11).
-#
-# **The fix, `cache_partition`** (in the safe preset; `minikv serve` builds its engine so): a tenant's
-# parked pages are evicted only by that tenant's requests, and each tenant parks at most its share,
-# (pool − one context) ÷ tenants. For two tenants that is 96 pages, 1,536 tokens: three of Bob's prompts.
-# Only when no request holds any page may a request take another tenant's parked pages, so no one waits
-# for a page that nobody would free (`minikv/engine/prefix_cache.py`). Bob primes his whole share:
-
-# %%
-partitioned = prime_and_probe_both(b_prompts=3, cache_partition=True, cache_tenants=2)
-print(f"partitioned: Bob reads {partitioned['repeat']} after Alice's repeat, {partitioned['fresh']} after her fresh prompt")
-assert partitioned["repeat"] == partitioned["fresh"] and min(partitioned["repeat"]) > 0
-
-# %% [markdown]
-# The cost: a tenant alone on the server caches its share, not the whole pool.
-#
-# ### Gaps between tokens: the channel batching opens
-#
-# Continuous batching (notebook 03) prefills a new prompt in the same step as everyone's decode, and a
-# step takes as long as its work. Bob streams a reply; eight tokens in, Alice sends a 600-token prompt. If
-# it misses her cache, the step that prefills it computes 600 tokens and Bob's next token comes late; if it
-# hits, the step computes one. Bob reads only the gaps between his own tokens. Nothing is shared here but
-# the step, so neither salt nor partition changes it (`minikv/attacks/token_gaps.py`; 4 trials of each,
-# a fresh engine each).
-#
-# How well a measure of Bob's gaps tells a miss from a hit is one number, the **ROC AUC**: the chance that
-# a random miss's measure is larger than a random hit's (ties count half). 0.5 is a coin flip; 1.0 tells
-# every time. Counting the (miss, hit) pairs where the miss is larger is the **Mann-Whitney U** statistic;
-# divided by the number of pairs, it is the AUC (`auc` below).
-
-# %%
-torch.set_num_threads(1)  # as for the timing audit above
-
-def gap_trials(trials=4, **config):
-    """Bob's gaps in `trials` runs where Alice's prompt hit her cache and as many where it missed."""
-    rng = random.Random(1)
-    runs = {"hit": [], "miss": []}
-    for _ in range(trials):
-        for kind in runs:
-            engine = Engine(model, tok, EngineConfig(num_pages=256, event_log=False, **config))
-            alice = filler(rng, 600)
-            if kind == "hit":
-                engine.generate([alice], max_tokens=1, tenant="alice")  # she sent it before
-            runs[kind].append(bob_gaps(engine, alice))
-    return runs
-
-def auc(runs, measure):
-    """ROC AUC of `measure` (of Bob's gaps) telling a miss from a hit: Mann-Whitney U over all pairs."""
-    miss, hit = [measure(g.bob_s) for g in runs["miss"]], [measure(g.bob_s) for g in runs["hit"]]
-    return mannwhitneyu(miss, hit).statistic / (len(miss) * len(hit))
-
-def median_of(runs, kind, measure):
-    return statistics.median(measure(g.bob_s) for g in runs[kind])
-
-whole = gap_trials()
-print(f"Bob's largest gap: {median_of(whole, 'hit', max) * 1e3:.0f} ms when Alice's prompt hit, "
-      f"{median_of(whole, 'miss', max) * 1e3:.0f} ms when it missed (medians)")
-assert median_of(whole, "miss", max) > 2 * median_of(whole, "hit", max)
-
-# %% [markdown]
-# How well does Bob's largest gap tell a miss from a hit? Its ROC AUC, printed below, says it in one number.
-#
-# **Chunked prefill** (`EngineConfig(chunked_prefill=True, max_prefill_tokens=64)`, or `minikv serve
-# --prefill-chunk 64`) caps the prompt tokens a step prefills: Alice's 600 go in ten steps, Bob's decode
-# in each. His largest gap shrinks toward his ordinary ones. But the work is the same, so the *sum* of his
-# gaps still tells:
-
-# %%
-chunked = gap_trials(chunked_prefill=True, max_prefill_tokens=64)
-torch.set_num_threads(threads)
-print(f"chunks of 64: Bob's largest gap on a miss {median_of(chunked, 'miss', max) * 1e3:.0f} ms "
-      f"(whole prompt: {median_of(whole, 'miss', max) * 1e3:.0f} ms)")
-assert median_of(chunked, "miss", max) < median_of(whole, "miss", max) / 2
-assert median_of(chunked, "miss", sum) > 1.5 * median_of(chunked, "hit", sum)
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-# (measured: the AUCs of four trials a side and the times vary with the machine's load)
-for name, runs in (("whole prompt", whole), ("chunks of 64", chunked)):
-    ttft = statistics.median(g.alice_ttft_s for g in runs["miss"]) * 1e3
-    print(f"{name}: AUC of the largest gap {auc(runs, max):.2f}, of the sum {auc(runs, sum):.2f}; "
-          f"Alice's time to first token on a miss {ttft:.0f} ms")
-fig, axes = plt.subplots(1, 2, figsize=(7.5, 2.6), sharey=True)
-for ax, (name, runs) in zip(axes, (("whole prompt", whole), ("chunks of 64", chunked))):
-    for kind, colour in (("miss", "#cc3311"), ("hit", "#777777")):
-        for i, g in enumerate(runs[kind]):
-            ax.plot([t * 1e3 for t in g.bob_s], color=colour, alpha=0.7, label=f"Alice's {kind}" if i == 0 else None)
-    ax.set_title(name, fontsize=10)
-    ax.set_xlabel("Bob's tokens after Alice's arrives")
-axes[0].set_ylabel("gap before the token (ms)")
-axes[0].legend()
-plt.tight_layout(); plt.show()
-
-# %% [markdown]
-# Whole, a miss is one tall spike; in chunks, a run of smaller bumps: lower, but as many milliseconds in
-# all. Chunking bounds how long anyone waits for one token (vLLM's V1 engine chunks by default), and Alice
-# pays: her prompt takes ten steps, each carrying others' decode. It narrows the channel without closing
-# it. Closing it would take steps padded to a fixed cost or tenants kept out of each other's steps; the
-# engines we know do neither. `minikv probe --check token-gaps` measures what is left on a server.
+# of its hits. `python -m minikv bench` reports both speedups (docs/benchmarks.md). The salt keeps
+# tenants' *keys* apart; what they still share (the pages, the free list, the engine step) is notebook 10.
 #
 # ## What an operator and a customer can do
 #
-# **Operator.** Salt by tenant (or finer) by default. Treat the salt as input and validate it (vLLM's
-# CVE-2026-105756, advisory GHSA-2823-qmq8-rwvj: an over-long `cache_salt` ended the engine for every
-# user; minikv answers 400). Carry it through *every* layer that keys KV: in SGLang issue #37160 and
-# LMCache issue #4825 a salt dropped at the boundary to an external KV store served one tenant's prefix
-# to another. Report `cached_tokens` only for the caller's own hits, and audit your own endpoint.
+# **Operator.** Salt by tenant by default. Validate the salt as input (vLLM's CVE-2026-105756, advisory
+# GHSA-2823-qmq8-rwvj: an over-long `cache_salt` ended the engine for every user; minikv answers 400).
+# Carry it through *every* layer that keys KV: in SGLang issue #37160 and LMCache issue #4825 a salt
+# dropped at the boundary to an external KV store served one tenant's prefix to another.
 #
 # **Customer.** Send a `cache_salt` per end user if your provider takes one; put secrets after anything
-# an outsider could guess; run the timing audit against your provider with two of your own accounts.
+# an outsider could guess; audit your provider's timing with two accounts of your own.
 #
 # ## Exercises
 #
@@ -538,8 +398,3 @@ check_recover(recover)
 # **3.** Rerun the probe with `run_scenario("prefix-probe", ..., SafetySwitches.preset("vulnerable"),
 # secret=...)` and a secret of your own; then with `.with_switches(enable=["cache_salt"])`. From the
 # terminal: `python -m minikv demo --scenario prefix-probe --preset vulnerable --secret "..."`.
-
-# %% [markdown]
-# **4.** In `gap_trials`, try `max_prefill_tokens=16` and `=256`. How do Bob's largest gap, the sum of his
-# gaps and Alice's time to first token move? Which chunk size would you pick for a chat service, and what
-# does it leave an attacker?

@@ -1,4 +1,4 @@
-"""Checkers for notebook 11 (a real engine): a repeat's cached tokens, against minikv's engine serving the prompt
+"""Checkers for notebook 12 (a real engine): a repeat's cached tokens, against minikv's engine serving the prompt
 twice at that block size (vLLM's rule too), and the properties a per-tenant `cache_salt` needs, on generated keys."""
 
 import random

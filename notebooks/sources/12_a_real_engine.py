@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 11 · A real engine: vLLM on the same model, the same machine
+# # 12 · A real engine: vLLM on the same model, the same machine
 #
 # **The code it teaches:** `minikv/serve/peer.py` (vLLM started with minikv's window and pool), `minikv/serve/peer_run.py` (what this notebook runs against it), `minikv/probe/prefix_cache.py` and `minikv/probe/eviction.py` (the two checks that decide).
 #
@@ -10,7 +10,7 @@
 #   what `minikv probe` finds on it from the outside: the shared prefix cache of notebook 09;
 # - that vLLM's fix, `cache_salt`, works when the layer in front of it salts per tenant;
 # - that the salt leaves the eviction order shared: prime and probe tells tenant B what tenant A
-#   sent, on vLLM as on minikv before `cache_partition` (notebook 09).
+#   sent, on vLLM as on minikv before `cache_partition` (notebook 10).
 #
 # vLLM lives in a virtual environment of its own, never in minikv's: `python -m minikv peer setup vllm`
 # makes it once (about 3.5 GB, 2 to 3 minutes; `docs/peers.md`). Where it is set up, the next cell starts
@@ -25,7 +25,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from minikv.exercises import try_exercise
-from minikv.exercises.nb11_real_engine import check_cached_on_repeat, check_salt_for
+from minikv.exercises.nb12_real_engine import check_cached_on_repeat, check_salt_for
 from minikv.model.checkpoint import load_model
 from minikv.probe.report import FAIL, PASS
 from minikv.probe.run import probe_endpoint
@@ -98,7 +98,7 @@ assert past["status"] == 400
 #
 # ## The probe, as a plain gateway sends
 #
-# Notebook 10 pointed `minikv probe` at minikv. Here it goes to vLLM with two keys (vLLM takes any key,
+# Notebook 11 pointed `minikv probe` at minikv. Here it goes to vLLM with two keys (vLLM takes any key,
 # so to it the two are one tenant). The checks: a canary note of key A must never reach key B;
 # `prompt_tokens` must be honest (counted exactly, and a longer prompt must not come back sooner: a timing
 # that a machine with both cores busy can blur, so the cell below asserts only the other two); and key B
@@ -161,8 +161,8 @@ print("key B's cached_tokens after A repeated:", eviction["b_readings"]["repeat"
 # least recently used free block whoever cached it, and B's oldest prompt comes back with fewer cached
 # tokens. B learns whether A's prompt was new to the cache.
 #
-# minikv's safe preset parks each tenant's pages apart (`cache_partition`, notebook 09). The same probe,
-# salted, against `minikv serve`:
+# minikv's safe preset cuts the pool into one quota per tenant, for its held and parked pages alike
+# (`cache_partition`, notebook 10). The same probe, salted, against `minikv serve`:
 
 # %%
 with ServerThread(["--api-key", f"a={KEYS[0]}", "--api-key", f"b={KEYS[1]}"], model, tok) as ours:
@@ -171,8 +171,9 @@ print(minikv_verdicts)
 assert minikv_verdicts == {"shared prefix cache": PASS, "shared eviction order": PASS}
 
 # %% [markdown]
-# Here minikv is ahead of the real engine: the partition closes a channel vLLM 0.32 leaves open, at the
-# cost notebook 09 measured (a tenant alone caches its share, not the whole pool).
+# Here minikv is ahead of the real engine: the partition closes the eviction channel vLLM 0.32 leaves
+# open (and notebook 10's free-list channel with it), at the cost notebook 10 measured: each tenant's
+# quota is `num_pages // tenants` pages, even when it is alone.
 #
 # ## Where the fixes live
 #
@@ -182,7 +183,7 @@ assert minikv_verdicts == {"shared prefix cache": PASS, "shared eviction order":
 #   then intake-rejected requests retired at both queue entrances (#38935); `extra_key` (PR #10317) and
 #   `cache_salt` (PR #30827) for its radix cache. It does not start on this CPU: `docs/peers.md` says
 #   why, and what to run on a GPU.
-# - **minikv:** every fix as a switch (notebook 06), `cache_salt` and `cache_partition` (notebook 09).
+# - **minikv:** every fix as a switch (notebook 06), `cache_salt` (notebook 09) and `cache_partition` (notebook 10).
 #
 # ## Exercises
 #

@@ -1,4 +1,4 @@
-"""Checkers for notebook 10 (the leak over HTTP), against the code the server and the probe run:
+"""Checkers for notebook 11 (the leak over HTTP), against the code the server and the probe run:
 the key check (`serve.app.tenant_for`) and the canary match (`probe.canary.holds_canary`)."""
 
 import random

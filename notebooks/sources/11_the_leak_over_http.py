@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 10 · The leak over HTTP: a real server, the official client, and a probe you can point anywhere
+# # 11 · The leak over HTTP: a real server, the official client, and a probe you can point anywhere
 #
 # **The code it teaches:** `minikv/serve/app.py` (the routes and keys), `minikv/serve/engine_loop.py` (the one thread that steps the engine for every client), `minikv/serve/gateway.py` (the server's own log) and `minikv/probe/run.py` (the black-box checks).
 #
@@ -31,7 +31,7 @@ from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
 from minikv.probe.run import probe_endpoint
 from minikv.model.checkpoint import load_model
 from minikv.exercises import try_exercise
-from minikv.exercises.nb10_over_http import check_holds_canary, check_tenant_of
+from minikv.exercises.nb11_over_http import check_holds_canary, check_tenant_of
 from minikv.serve.launch import ServerThread
 from minikv.attacks.workload import long_document_prompt
 
@@ -240,7 +240,7 @@ for check in reports["vulnerable"].results[:2]:
 # timeout and ends in a 500 (notebook 07's family). The probe reports what it could not measure rather
 # than guess. The fourth check finds a prefix cache shared across keys: `python -m minikv serve
 # --disable cache_salt --disable cache_partition` fails it (`tests/test_probe.py` pins that verdict; the
-# partition alone already keeps each tenant's hits its own, notebook 09).
+# partition alone already keeps each tenant's hits its own, notebook 10).
 #
 # ## What to run, and who runs it
 #

@@ -129,7 +129,7 @@ plt.tight_layout(); plt.show()
 # prompts. A request
 # larger than its tenant's quota is refused at the door (`minikv serve` sizes its pools so that every
 # quota holds one context window). And the quota's size tells each tenant how many tenants the pool is cut
-# for; `python -m minikv bench` measures the throughput cost (docs/benchmarks.md).
+# for. `python -m minikv bench` times the switch beside the others (docs/benchmarks.md).
 
 # %%
 def parked_alone(config, prompts=7):

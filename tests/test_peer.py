@@ -151,8 +151,8 @@ def test_the_recorded_run_is_what_a_fresh_run_finds(peer, tiny):
                {c["name"]: c["verdict"] for c in recorded[name]["checks"]}, name
     eviction = next(c for c in fresh["salted"]["checks"] if c["name"] == "shared eviction order")
     assert eviction["figures"]["variants"] == {"cache order": FAIL, "held pages": FAIL}, eviction["reason"]
-    survivors = eviction["figures"]["held_pages"]["b_survivors"]  # a salt per key: B still reads A's pages
-    assert min(survivors["repeat"]) - max(survivors["fresh"]) >= eviction["figures"]["held_pages"]["a_prompt_tokens"] / 2
+    held = eviction["figures"]["held_pages"]  # a salt per key: B still reads A's pages
+    assert min(held["b_survivors"]["repeat"]) - max(held["b_survivors"]["fresh"]) >= held["a_prompt_tokens"] / 2
 
 
 def test_peer_serve_leaves_no_process_after_sigterm(peer):

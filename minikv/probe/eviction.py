@@ -101,8 +101,8 @@ def trial(s: ProbeSession, result: CheckResult, number: int, kind: str, words: i
     second = served(s.client.complete(s.key_a, first if kind == "repeat" else s.words(a_words), MAX_TOKENS))
     reading = served(s.client.complete(s.key_b, prime[0], MAX_TOKENS)).cached_tokens or 0
     what = "the same prompt again" if kind == "repeat" else "a different one"
-    result.note(f"cache order, trial {number}: key B primes ({len(prime)} prompts); key A sends a {s.scale.tokens(a_words):,}-token "
-                f"prompt, then {what}; key B re-sends its oldest",
+    result.note(f"cache order, trial {number}: key B primes ({len(prime)} prompts); key A sends a "
+                f"{s.scale.tokens(a_words):,}-token prompt, then {what}; key B re-sends its oldest",
                 f"key A's second: cached_tokens {second.cached_tokens}; key B's oldest: cached_tokens {reading:,}")
     return reading, second.cached_tokens or 0
 
@@ -134,6 +134,6 @@ def separates(readings: dict[str, list[int]], a_tokens: int) -> bool:
 
 def shown_readings(variant: str, readings: dict[str, list[int]], hidden: dict[str, list[int]]) -> str:
     what = "B's oldest prompt kept" if variant == "cache order" else "B's prompts kept, summed,"
-    return (f"{what} {', '.join(map(str, readings['repeat']))} cached tokens after key A repeated a prompt (A's own "
-            f"hidden cached_tokens: {', '.join(map(str, hidden['repeat']))}) and {', '.join(map(str, readings['fresh']))} "
-            f"after A sent two different ones")
+    listed = {kind: ", ".join(map(str, values)) for kind, values in readings.items()}
+    return (f"{what} {listed['repeat']} cached tokens after key A repeated a prompt (A's own hidden cached_tokens: "
+            f"{', '.join(map(str, hidden['repeat']))}) and {listed['fresh']} after A sent two different ones")

@@ -138,6 +138,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     problem = plot_path_problem(args.plot) if args.plot else None
     if problem:  # before the benchmark runs, not after
         raise CliError(f"--plot {args.plot}: {problem}")
+    if args.partition and args.plot:
+        raise CliError("--plot draws the whole benchmark; --partition prints a table (or --json) only")
     model, tok = load(args.model, args.device)
     return run_command(model, tok, args)
 
@@ -201,6 +203,8 @@ def add_engine_commands(sub) -> None:
     p.add_argument("--repeats", type=positive_int, help="timed runs per system after the checked one (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--partition", action="store_true", help="only what the static partition costs against the "
+                   "shared pool: what one tenant holds, hit rate, tokens/s (--repeats rounds, default 3)")
     model_args(p)
 
 

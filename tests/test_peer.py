@@ -141,13 +141,18 @@ def test_cache_salt_keeps_another_salts_prompt_a_miss(peer):
 
 
 def test_the_recorded_run_is_what_a_fresh_run_finds(peer, tiny):
-    """Notebook 12 shows data/vllm_run.json where vLLM is not set up: its verdicts must be today's."""
+    """Notebook 12 shows data/vllm_run.json where vLLM is not set up: its verdicts must be today's. With a salt per
+    key, both variants of the eviction check still fail vLLM: its free queue is one LRU for every salt."""
     recorded = json.loads(RECORDED.read_text())
     fresh = peer_run(peer.url, "tiny-llama", *tiny)
     assert fresh["same_text"] == recorded["same_text"] and fresh["past_window"] == recorded["past_window"]
     for name in PROBES:
         assert {c["name"]: c["verdict"] for c in fresh[name]["checks"]} == \
                {c["name"]: c["verdict"] for c in recorded[name]["checks"]}, name
+    eviction = next(c for c in fresh["salted"]["checks"] if c["name"] == "shared eviction order")
+    assert eviction["figures"]["variants"] == {"cache order": FAIL, "held pages": FAIL}, eviction["reason"]
+    held = eviction["figures"]["held_pages"]  # a salt per key: B still reads A's pages
+    assert min(held["b_survivors"]["repeat"]) - max(held["b_survivors"]["fresh"]) >= held["a_prompt_tokens"] / 2
 
 
 def test_peer_serve_leaves_no_process_after_sigterm(peer):

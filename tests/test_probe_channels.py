@@ -61,7 +61,7 @@ def simulated_engine(per_key_pools: bool, caching: bool = True, report_cached: b
         body, key = json.loads(request.content), request.headers["authorization"]
         pool = pools.setdefault(key if per_key_pools else "", PagedCache())
         cached = pool.serve(key, body["prompt"]) if caching else 0
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1,
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"],
                  **({"prompt_tokens_details": {"cached_tokens": cached}} if report_cached else {})}
         events = [{"choices": [{"text": "x"}]}, {"choices": [], "usage": usage}]
         return httpx.Response(200, text="".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n")
@@ -82,14 +82,16 @@ def test_eviction_check_fails_one_lru_for_every_key():
     assert abs(figures["pool_tokens"] - PAGE * PAGES) <= 2 * PAGE  # measured from B's side
     gap = min(figures["b_readings"]["repeat"]) - max(figures["b_readings"]["fresh"])
     assert gap == min(figures["a_cached_tokens"]["repeat"]) > 0
+    assert figures["variants"] == {"cache order": FAIL, "held pages": FAIL}
 
 
 def test_eviction_check_passes_a_pool_per_key():
     """The same pool size for each key on its own: nothing A sends moves B's readings."""
     result = eviction_on(simulated_engine(per_key_pools=True))
     assert result["verdict"] == PASS, result
-    readings = result["figures"]["b_readings"]
-    assert len(set(readings["repeat"] + readings["fresh"])) == 1
+    readings, held = result["figures"]["b_readings"], result["figures"]["held_pages"]["b_survivors"]
+    assert len(set(readings["repeat"] + readings["fresh"])) == 1 and len(set(held["repeat"] + held["fresh"])) == 1
+    assert min(held["repeat"]) > 0 and result["figures"]["variants"] == {"cache order": PASS, "held pages": PASS}
 
 
 def test_eviction_check_without_a_cache_or_without_cached_tokens():
@@ -128,12 +130,33 @@ def test_eviction_check_fails_vulnerable_minikv(tiny):
 
 
 def test_safe_minikv_passes_the_eviction_check(safe_report):
-    """The safe preset's cache_partition: A's requests never evict B's cached pages, so B reads nothing of A."""
+    """The safe preset's cache_partition: A's requests never evict B's cached pages, and B's holds count against
+    B's quota alone, so B reads nothing of A in either variant; the holds did evict some of B's own pages."""
     _, report = safe_report
     eviction = check(report, "shared eviction order")
     if eviction["verdict"] not in (PASS, FAIL):
         raise RuntimeError(f"the eviction check did not finish: {eviction['reason']}")  # not the expected failure
     assert eviction["verdict"] == PASS, eviction["reason"]
+    figures = eviction["figures"]
+    survivors = figures["held_pages"]["b_survivors"]
+    assert figures["variants"] == {"cache order": PASS, "held pages": PASS}, figures
+    every = survivors["repeat"] + survivors["fresh"]  # the same, but for holds admitted a step or two apart
+    assert 0 < min(every) and max(every) - min(every) <= 64 and max(every) < figures["pool_tokens"], figures
+    assert min(figures["held_pages"]["a_cached_tokens"]["repeat"]) > 0  # A's repeats did hit A's own cache
+
+
+def test_held_pages_fail_a_shared_pool_with_salts(tiny):
+    """Salted but not partitioned (`--preset safe --disable cache_partition`: one pool, a free stack and an LRU
+    for every key): the held-pages variant tells on its own figures. B's holds take what A's pages left of the
+    pool, so B's own surviving cached tokens drop, after A's fresh prompt, by about what A's repeat hid."""
+    with ServerThread(["--preset", "safe", "--disable", "cache_partition", *KEYS], *tiny) as server:
+        status, report, stderr = probe(server.url, "--check", "eviction")
+    eviction = check(report, "shared eviction order")
+    assert status == 1 and eviction["verdict"] == FAIL and eviction["figures"]["variants"]["held pages"] == FAIL, stderr
+    held = eviction["figures"]["held_pages"]
+    gap = min(held["b_survivors"]["repeat"]) - max(held["b_survivors"]["fresh"])
+    assert abs(gap - min(held["a_cached_tokens"]["repeat"])) <= 64, held  # within 4 pages of 16 tokens
+    assert "held pages" in eviction["reason"] and min(held["hold_tokens"]) > 0
 
 
 def test_token_gap_residual_is_measured_and_never_changes_the_exit_status(safe_report):

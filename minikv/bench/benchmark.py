@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, random_note
-from minikv.bench import prefix, systems
+from minikv.bench import partition, prefix, systems
 from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
 from minikv.bench.report import BenchReport, describe_machine
 from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
@@ -186,6 +186,8 @@ def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], worklo
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     """Run, print the table or the JSON, write the figure; 1 if outputs differ (one thread: docs/benchmarks.md)."""
     torch.set_num_threads(args.threads)
+    if args.partition:
+        return partition.run_command(model, tokenizer, args)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
     if args.repeats is not None:
         settings = replace(settings, repeats=args.repeats)

@@ -26,7 +26,8 @@ RECORDED = Path(__file__).resolve().parents[2] / "data" / "vllm_run.json"
 KEYS = ("sk-tenant-a", "sk-tenant-b")  # the peer takes any bearer key: to it, these are two tenants only by salt
 PROBES = {
     "shared": {"seed": 0, "checks": ["canary", "honesty", "prefix-cache"]},
-    "salted": {"seed": 0, "checks": ["prefix-cache", "eviction"], "salt_per_key": True},
+    "salted": {"seed": 0, "checks": ["prefix-cache", "eviction"], "salt_per_key": True,
+               "budget": 300},  # the eviction check: two variants, each priming a pool of 4,096 tokens
 }
 REQUESTS = 24  # of the benchmark's workload, for the same-text check
 PAST_WINDOW = 1100  # tokens (characters, for the shipped model): past the 1,024-token window

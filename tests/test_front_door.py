@@ -175,3 +175,18 @@ def test_generate_leaves_other_answers_for_the_next_step(tiny, kind):
     assert ["0912" in got[0].text, "7731" in got[1].text] == [True, True]
     rest = server.run()
     assert [r.request_id for r in rest] == [other] and rest[0].tenant == "carol"
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_refusal_carries_the_field_it_names_as_data(tiny, kind):
+    """A 400 names its request field (OpenAI's `param`) and code as data, whatever words its reason starts
+    with: a tenant called "stop" is no `stop` field, a too-long prompt is `context_length_exceeded`."""
+    server = SERVERS[kind](tiny)
+    refused = {"tenant": Request(prompt_for("stop", "0912"), tenant=""),
+               "max_tokens": Request(prompt_for("alice", "0912"), tenant="stop", max_tokens=0),
+               "long": Request("alice " * 2000, tenant="alice")}
+    ids = {name: server.submit(request) for name, request in refused.items()}
+    answers = {r.request_id: r for r in server.step()}
+    got = {name: (answers[i].status, answers[i].error_code, answers[i].error_param) for name, i in ids.items()}
+    assert got == {"tenant": (400, "invalid_value", None), "max_tokens": (400, "invalid_value", "max_tokens"),
+                   "long": (400, "context_length_exceeded", "prompt")}

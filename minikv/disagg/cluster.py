@@ -5,7 +5,6 @@ refuses a pool smaller than the window, the configuration the incident ran in.
 
 import copy
 import itertools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +21,6 @@ from minikv.engine.engine import pool_and_audit
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
-from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
@@ -138,7 +136,7 @@ class Cluster(FrontDoor):
             raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
         super().__init__(config, tokenizer, log, Clock(), "door",  # one clock: the nodes step, the fabric lands by it
-                         partition_tenants(config, switches))
+                         partition_tenants(config, switches), switches.cache_salt)
         self.switches = switches
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
@@ -167,17 +165,11 @@ class Cluster(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
         keeps its own copy, as separate servers do. The decode copy is the one the client follows."""
-        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), room=next(self._rooms))
-        decode_half = seq.copy_for_node()  # one identity (uid) for the audit on both pools
-        self.manager.open_room(seq.room, request_id, seq.tenant, seq.uid)
-        if self.config.prefix_caching:
-            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
-                                               self.switches.cache_salt)
-        for audit in (node.audit for node in self.nodes if node.audit is not None):
-            audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        seq = Sequence.of(request, request_id, prompt_ids, self.page_keying, room=next(self._rooms))
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
-        self.prefill.add(seq)
-        self.decode.add(decode_half)
+        decode_half = seq.copy_for_node()  # one identity (uid) for the audit on both pools
+        self.prefill.admit(seq)
+        self.decode.admit(decode_half)
         return decode_half
 
     def _cancel(self, seq: Sequence) -> None:
@@ -214,7 +206,7 @@ class Cluster(FrontDoor):
 
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        return sum(1 for node in self.nodes for h in node.pool.holders if h)
+        return sum(node.pool.num_held for node in self.nodes)
 
     def kv_in_flight(self, request_id: str) -> bool:
         """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""

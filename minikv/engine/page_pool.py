@@ -165,9 +165,14 @@ class PagePool:
                 self.partition.release(p)
             self.free_pages.append(p)
         if self.scrub_on_free and emptied:
-            self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
+            self.write(emptied, 0.0)  # the costly option: one write per freed page
             if self.on_scrub is not None:
                 self.on_scrub(emptied)  # e.g. the audit: these slots now hold what nobody wrote
+
+    def write(self, pages: list[int], kv: Tensor | float) -> None:
+        """Overwrite whole `pages` of every layer with `kv` (L, 2, n, page, KVH, D) or one value: a transfer
+        landing, a canary, a scrub. (A forward writes its own tokens' slots through `flat`.)"""
+        self.kv[:, :, pages] = kv.to(self.kv.device) if isinstance(kv, Tensor) else kv
 
     # -- slots --------------------------------------------------------------------------
     def slots(self, block_table: list[int], start: int, end: int) -> list[int]:
@@ -185,8 +190,9 @@ class PagePool:
         k, v = self.kv[:, 0], self.kv[:, 1]  # (L, P, page, KVH, D) each
         return k.view(k.shape[0], -1, *k.shape[-2:]), v.view(v.shape[0], -1, *v.shape[-2:])
 
-    def check_integrity(self) -> None:
-        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice."""
+    def check_integrity(self, live: set[str] | None = None) -> None:
+        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice; and when
+        `live` (the request ids its node still serves) is given, held by live requests only."""
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)
@@ -198,6 +204,7 @@ class PagePool:
                 f"page {p}: on stack {p in on_stack}, parked {p in parked}, holders {self.holders[p]}"
             if p in on_stack and self.prefix_cache:
                 assert not self.prefix_cache.is_cached(p), f"page {p} is on the stack with a cache key"
+            assert live is None or set(self.holders[p]) <= live, f"page {p}: {self.holders[p]}, not all live"
         if self.prefix_cache:
             self.prefix_cache.check()
         if self.partition:

@@ -21,7 +21,6 @@ from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_mai
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
-from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
@@ -52,7 +51,7 @@ class DistCluster(FrontDoor):
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
         super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door",  # the workers keep no event log
-                         partition_tenants(config, switches))
+                         partition_tenants(config, switches), switches.cache_salt)
         self.switches = switches
         self.failure: str | None = None  # why the pair is down (for the operator); None while both workers live
         self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
@@ -105,15 +104,12 @@ class DistCluster(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
         room = next(self._rooms)
-        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
+        seq = Sequence.of(request, request_id, prompt_ids, self.page_keying, uid=room, room=room)
         self._take_news(0.0)
         if self.failure or self.stopping:
             reason = UNAVAILABLE if self.failure else "the server is shutting down"
             self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
             return seq
-        if self.config.prefix_caching:
-            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
-                                               self.switches.cache_salt)
         for commands in self._commands.values():
             commands.put(Admit(seq.copy_for_node()))
         return seq

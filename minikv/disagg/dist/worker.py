@@ -96,7 +96,7 @@ def loopback_store(rank: int, port: int) -> dist.TCPStore:
 def report(node: Node, manager: DistKVManager) -> dict:
     """What this side reports: pool occupancy, what its audit saw, the requests whose KV is on the wire."""
     pool, audit = node.pool, node.audit
-    return {**pool.occupancy(), "pages_held": sum(1 for h in pool.holders if h),
+    return {**pool.occupancy(), "pages_held": pool.num_held,
             "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
             "kv_in_flight": sorted(t.request_id for t in manager.rooms.values() if t.in_flight),
             "late_writes": list(manager.landed_late)}
@@ -134,11 +134,7 @@ def take_commands(node: Node, inbox, block: bool) -> bool:
         if isinstance(command, Stop):
             return False
         if isinstance(command, Admit):
-            seq = command.seq
-            node.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
-            if node.audit is not None:
-                node.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
-            node.add(seq)
+            node.admit(command.seq)
         elif isinstance(command, Cancel):
             node.cancel(command.request_id)
 

@@ -74,7 +74,7 @@ def read_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int]) -
 
 def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], kv: Tensor, ledger: Tensor) -> None:
     """A write lands in `pages`, whoever owns them now, and the audit records who wrote each slot."""
-    pool.kv[:, :, pages] = kv.to(pool.kv.device)
+    pool.write(pages, kv)
     if audit is not None:
         ledger = ledger.to(pool.kv.device)
         audit.record_writes(page_slots(pool, pages), ledger[0], ledger[1])
@@ -118,9 +118,11 @@ class KVTransfer(ABC):
         return room not in self.rooms or self.rooms[room].in_flight == 0
 
     def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
-        """Register a request's room (its uid is its writer id in both audit ledgers)."""
-        assert room not in self.rooms, f"room {room} opened twice"
-        self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
+        """Register a request's room (its uid is its writer id in both audit ledgers); a backend that holds
+        both sides is told by both nodes."""
+        if room not in self.rooms:
+            self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
+        assert (self.rooms[room].request_id, self.rooms[room].uid) == (request_id, uid), f"room {room} reused"
         return self.rooms[room]
 
     def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:

@@ -26,7 +26,8 @@ from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
 
 ROLES = ("prefill", "decode")
-POST_FIX_PREFILL_PAGES = 125  # the disclosed post-fix pool: about 2.04 million / 1,024 = 1,992 tokens; 2,000 in pages
+# the disclosed post-fix pool: about 2.04 million / 1,024 = 1,992 tokens; 2,000 in pages
+POST_FIX_PREFILL_PAGES = 125
 
 
 class StartupRefused(RuntimeError):
@@ -49,9 +50,9 @@ class ClusterConfig:
     transfer_batch_cap_pages: int = 8  # pages per batch when transfer_batch_cap is on
     audit: bool = True
     event_log: bool = True
-    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    event_log_limit: int | None = None  # recent events kept (a long-running server); None: all
     prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
-    cache_tenants: int = 2  # with the cache_partition switch: tenants both pools are cut for (a scenario has two)
+    cache_tenants: int = 2  # tenants both pools are cut for with cache_partition (a scenario has two)
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -101,7 +102,8 @@ def pair_devices(fallback: str) -> tuple[str, str]:
 
 def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
               device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
-    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as SGLang)."""
+    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as
+    SGLang)."""
     pages = config.prefill_pages if role == "prefill" else config.decode_pages
     return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
                           role == "prefill" and config.prefix_caching, switches.scrub_on_free,
@@ -116,7 +118,8 @@ def partition_tenants(config: ClusterConfig, switches: SafetySwitches) -> int | 
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
-    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s workers."""
+    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s
+    workers."""
     parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
              config.chunked_prefill)
     return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
@@ -135,7 +138,8 @@ class Cluster(FrontDoor):
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        super().__init__(config, tokenizer, log, Clock(), "door",  # one clock: the nodes step, the fabric lands by it
+        # one clock: the nodes step, the fabric lands by it
+        super().__init__(config, tokenizer, log, Clock(), "door",
                          partition_tenants(config, switches), switches.cache_salt)
         self.switches = switches
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]

@@ -70,7 +70,8 @@ class PrefillNode(Node):
                 self.bootstrap_queue.remove(seq)
                 self._release(seq, "released")
             elif state is KVPoll.WaitingForInput:  # decode has preallocated and advertised
-                self.endpoints[seq.room].init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
+                own_pages = self.pool.pages_for(len(seq.prompt_ids))  # its *own* length
+                self.endpoints[seq.room].init(num_pages=own_pages)
                 self.bootstrap_queue.remove(seq)
                 self.scheduler.add(seq)
                 self._stage(seq, "waiting")
@@ -94,7 +95,8 @@ class PrefillNode(Node):
                             f"failed (500): {first.error}")
                 self._release(seq, "released")
                 continue
-            seq.num_cached = len(seq.prompt_ids)  # the forward wrote the K/V of the whole (possibly swapped) input
+            # the forward wrote the K/V of the whole (possibly swapped) input
+            seq.num_cached = len(seq.prompt_ids)
             n = len(seq.prompt_ids)
             checksum = kv_checksum(self.pool, seq.block_table, n) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None

@@ -32,7 +32,8 @@ class Rejected(Exception):
         self.code = CONTEXT_LENGTH_EXCEEDED if prompt_tokens else "invalid_value"
 
 
-UNTOKENIZED_FACTOR = 4  # a prompt this many windows long (in the longest token's characters) is never tokenized
+# a prompt this many windows long (in the longest token's characters) is never tokenized
+UNTOKENIZED_FACTOR = 4
 MAX_SALT_CHARS = 256
 
 
@@ -44,7 +45,8 @@ def check_shape(request: Request) -> None:
         raise Rejected(f"sampling must be SamplingParams, got {type(request.sampling).__name__}")
     if problem := request.sampling.problem():
         raise Rejected(problem[1], problem[0])
-    salt = request.cache_salt  # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
+    # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
+    salt = request.cache_salt
     if salt is not None and not (isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable()):
         shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
         raise Rejected(f"cache_salt must be 1 to {MAX_SALT_CHARS} printable characters, got {shown}",
@@ -53,7 +55,8 @@ def check_shape(request: Request) -> None:
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
                   chars_per_token: int | None = None) -> list[int]:
-    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or Rejected."""
+    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or
+    Rejected."""
     check_shape(request)
     text = request.prompt
     if (chars_per_token is not None and isinstance(text, str)
@@ -80,7 +83,8 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
 
 
 def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int, partitioned: bool = False) -> None:
-    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never run."""
+    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never
+    run."""
     if num_tokens > pool_tokens:
         whose = "holds at most" if not partitioned else "holds for one tenant (its quota) at most"
         raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool {whose} "
@@ -151,7 +155,8 @@ class FrontDoor(ABC):
 
     def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, log: EventLog, clock: Clock,
                  door: str, partition_tenants: int | None, salt_per_tenant: bool) -> None:
-        self.config, self.tokenizer, self.log, self.clock, self.door = config, tokenizer, log, clock, door
+        self.config, self.tokenizer = config, tokenizer
+        self.log, self.clock, self.door = log, clock, door
         # how Sequence.of keys a prompt's pages: (page size, salted per tenant: `cache_salt`); None: no cache
         self.page_keying = (config.page_size, salt_per_tenant) if config.prefix_caching else None
         self.slots = TenantSlots(partition_tenants) if partition_tenants else None  # None: one shared pool
@@ -235,7 +240,8 @@ class FrontDoor(ABC):
 
     def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
                  sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt and step until each is answered: their responses, in prompt order (others wait)."""
+        """Submit every prompt and step until each is answered: their responses, in prompt order (others
+        wait)."""
         ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
         for _ in range(100_000):
             if all(i in self.book.outbox for i in ids):

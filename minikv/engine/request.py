@@ -19,7 +19,8 @@ from minikv.model.tokenizer import decode
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a 400 refusing a prompt as too long
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away; http.HTTPStatus has none
-DETOKENIZE_CONTEXT = 5  # earlier tokens decoded with the new ones, so that a tokenizer joining pieces joins them right
+# earlier tokens decoded with the new ones, so that a tokenizer joining pieces joins them right
+DETOKENIZE_CONTEXT = 5
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,11 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length", "abort", or "transferred" (a disaggregated prefill half)
+    finish_reason: str | None = None  # "stop", "length", "abort"; "transferred": a disaggregated prefill half
     generator: torch.Generator | None = None  # per-request sampler state; None when greedy
     client_request_id: str | None = None  # echoed back in the response
     stop: tuple[str, ...] = ()
-    text: str = ""  # decoded incrementally: tokens[text_from:text_upto] were decoded last time, the rest is new
+    text: str = ""  # decoded incrementally: tokens[text_from:text_upto] decoded last time, the rest is new
     text_from: int = 0
     text_upto: int = 0
     stopped_at_string: bool = False  # a stop string was found: `text` is final
@@ -101,7 +102,8 @@ class Sequence:
         return seq
 
     def copy_for_node(self) -> "Sequence":
-        """Another node's own copy (as separate servers each keep one): same identity, own lists and sampler."""
+        """Another node's own copy (as separate servers each keep one): same identity, own lists and
+        sampler."""
         return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
                         self.arrival_s, uid=self.uid, client_request_id=self.client_request_id, stop=self.stop,
                         cache_keys=list(self.cache_keys), room=self.room)
@@ -112,7 +114,8 @@ class Sequence:
         return Finished(self, status, reason)
 
     def finished(self) -> bool:
-        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's `Req.finished()`)."""
+        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's
+        `Req.finished()`)."""
         return self.finish_reason is not None
 
     def tokens(self, start: int, end: int | None = None) -> list[int]:

@@ -195,7 +195,8 @@ class Scheduler:
         self.running.remove(seq)
         self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
         self.pool.free(seq.block_table, seq.request_id, seq.tenant)
-        seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
+        seq.block_table, seq.num_cached = [], 0
+        seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
     def release(self, seq: Sequence, reason: str) -> None:

@@ -49,7 +49,8 @@ class WorkerSpec:
 
 def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
     """The worker process's entry point (multiprocessing spawns it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the front door stops us in order
+    # Ctrl-C reaches the whole group; the front door stops us in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         torch.set_num_threads(spec.threads)
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
@@ -103,7 +104,8 @@ def report(node: Node, manager: DistKVManager) -> dict:
 
 
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or change."""
+    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or
+    change."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
     last, reported = report(node, manager), time.monotonic()  # what worker_main reported
     while os.getppid() == parent_pid:
@@ -120,7 +122,8 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
             outbox.put(Report(rank, now))
             last, reported = now, time.monotonic()
         if not (node.scheduler.waiting or node.scheduler.running):
-            time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
+            # nothing to compute here: every request waits on the other side or the network
+            time.sleep(WAITING_NAP_S)
 
 
 def take_commands(node: Node, inbox, block: bool) -> bool:

@@ -13,6 +13,7 @@ from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request
+from minikv.serve.schemas import engine_refusal
 
 TENANTS = ("alice", "bob", "carol")
 PINS = ("0912", "4455", "7731", "2048")
@@ -175,3 +176,31 @@ def test_generate_leaves_other_answers_for_the_next_step(tiny, kind):
     assert ["0912" in got[0].text, "7731" in got[1].text] == [True, True]
     rest = server.run()
     assert [r.request_id for r in rest] == [other] and rest[0].tenant == "carol"
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_a_refusal_carries_the_field_it_names_as_data(tiny, kind):
+    """A 400 names its request field (OpenAI's `param`) and code as data, whatever words its reason starts
+    with: a tenant called "stop" is no `stop` field, a too-long prompt is `context_length_exceeded`."""
+    server = SERVERS[kind](tiny)
+    refused = {"tenant": Request(prompt_for("stop", "0912"), tenant=""),
+               "max_tokens": Request(prompt_for("alice", "0912"), tenant="stop", max_tokens=0),
+               "long": Request("alice " * 2000, tenant="alice")}
+    ids = {name: server.submit(request) for name, request in refused.items()}
+    answers = {r.request_id: r for r in server.step()}
+    got = {name: (answers[i].status, answers[i].error_code, answers[i].error_param) for name, i in ids.items()}
+    assert got == {"tenant": (400, "invalid_value", None), "max_tokens": (400, "invalid_value", "max_tokens"),
+                   "long": (400, "context_length_exceeded", "prompt")}
+
+
+def test_a_tenant_named_like_a_field_is_refused_naming_no_field(tiny):
+    """A partitioned pool refuses a tenant past its slots; that tenant being called "stop" makes the refusal
+    about no request field: the HTTP error's `param` is null (a reading of the reason's words would say stop)."""
+    model, tok = tiny
+    engine = Engine(model, tok, EngineConfig(num_pages=64, cache_partition=True, cache_tenants=1))
+    engine.submit(Request(prompt_for("alice", "0912"), tenant="alice", max_tokens=4))
+    refused = engine.submit(Request(prompt_for("stop", "4455"), tenant="stop", max_tokens=4))
+    answer = {r.request_id: r for r in engine.run()}[refused]
+    error = engine_refusal(answer.status, answer.error, answer.error_code, answer.error_param).body()["error"]
+    assert answer.status == 400 and "refused" in answer.error
+    assert (error["code"], error["param"]) == ("invalid_value", None)

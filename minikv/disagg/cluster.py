@@ -5,7 +5,6 @@ refuses a pool smaller than the window, the configuration the incident ran in.
 
 import copy
 import itertools
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,13 +21,13 @@ from minikv.engine.engine import pool_and_audit
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
-from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence
 from minikv.model.devices import pick_device
 from minikv.model.llama import Llama
 
 ROLES = ("prefill", "decode")
-POST_FIX_PREFILL_PAGES = 125  # the disclosed post-fix pool: about 2.04 million / 1,024 = 1,992 tokens; 2,000 in pages
+# the disclosed post-fix pool: about 2.04 million / 1,024 = 1,992 tokens; 2,000 in pages
+POST_FIX_PREFILL_PAGES = 125
 
 
 class StartupRefused(RuntimeError):
@@ -51,9 +50,9 @@ class ClusterConfig:
     transfer_batch_cap_pages: int = 8  # pages per batch when transfer_batch_cap is on
     audit: bool = True
     event_log: bool = True
-    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    event_log_limit: int | None = None  # recent events kept (a long-running server); None: all
     prefix_caching: bool = True  # on the prefill node only; the decode pool keeps its plain free list
-    cache_tenants: int = 2  # with the cache_partition switch: tenants both pools are cut for (a scenario has two)
+    cache_tenants: int = 2  # tenants both pools are cut for with cache_partition (a scenario has two)
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
@@ -103,7 +102,8 @@ def pair_devices(fallback: str) -> tuple[str, str]:
 
 def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
               device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
-    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as SGLang)."""
+    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as
+    SGLang)."""
     pages = config.prefill_pages if role == "prefill" else config.decode_pages
     return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
                           role == "prefill" and config.prefix_caching, switches.scrub_on_free,
@@ -118,7 +118,8 @@ def partition_tenants(config: ClusterConfig, switches: SafetySwitches) -> int | 
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
-    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s workers."""
+    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s
+    workers."""
     parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
              config.chunked_prefill)
     return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
@@ -137,8 +138,9 @@ class Cluster(FrontDoor):
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        super().__init__(config, tokenizer, log, Clock(), "door",  # one clock: the nodes step, the fabric lands by it
-                         partition_tenants(config, switches))
+        # one clock: the nodes step, the fabric lands by it
+        super().__init__(config, tokenizer, log, Clock(), "door",
+                         partition_tenants(config, switches), switches.cache_salt)
         self.switches = switches
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
@@ -167,17 +169,11 @@ class Cluster(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
         keeps its own copy, as separate servers do. The decode copy is the one the client follows."""
-        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), room=next(self._rooms))
-        decode_half = seq.copy_for_node()  # one identity (uid) for the audit on both pools
-        self.manager.open_room(seq.room, request_id, seq.tenant, seq.uid)
-        if self.config.prefix_caching:
-            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
-                                               self.switches.cache_salt)
-        for audit in (node.audit for node in self.nodes if node.audit is not None):
-            audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
+        seq = Sequence.of(request, request_id, prompt_ids, self.page_keying, room=next(self._rooms))
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
-        self.prefill.add(seq)
-        self.decode.add(decode_half)
+        decode_half = seq.copy_for_node()  # one identity (uid) for the audit on both pools
+        self.prefill.admit(seq)
+        self.decode.admit(decode_half)
         return decode_half
 
     def _cancel(self, seq: Sequence) -> None:
@@ -214,7 +210,7 @@ class Cluster(FrontDoor):
 
     def leaked_pages(self) -> int:
         """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        return sum(1 for node in self.nodes for h in node.pool.holders if h)
+        return sum(node.pool.num_held for node in self.nodes)
 
     def kv_in_flight(self, request_id: str) -> bool:
         """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""

@@ -9,6 +9,7 @@ from http import HTTPStatus
 from minikv.disagg.checksum import kv_checksum
 from minikv.disagg.node import Node
 from minikv.disagg.transfer.base import KVPoll, KVReceiver
+from minikv.engine.front_door import Rejected, check_pool
 from minikv.engine.model_runner import Sampled
 from minikv.engine.request import CLIENT_CLOSED_REQUEST, Finished, Sequence, SeqStatus
 
@@ -36,12 +37,12 @@ class DecodeNode(Node):
 
     def add(self, seq: Sequence) -> None:
         self.endpoints[seq.room] = KVReceiver(self.manager, seq.room)
-        need = self.pool.pages_for(len(seq.prompt_ids) + seq.max_tokens)
-        if need > self.pool.tenant_pages:  # could never be preallocated: refuse rather than wait forever
-            whose = "for one tenant (its quota) " if self.pool.partition else ""
-            self._abort(seq, HTTPStatus.BAD_REQUEST, f"request needs {len(seq.prompt_ids) + seq.max_tokens} tokens of "
-                        f"KV cache; the decode node's pool holds {whose}at most "
-                        f"{self.pool.tenant_pages * self.pool.page_size} tokens")
+        try:  # one that could never be preallocated is refused rather than left waiting forever
+            n = len(seq.prompt_ids)
+            check_pool(n + seq.max_tokens, self.pool.tenant_pages * self.pool.page_size, self.name, n,
+                       self.pool.partition is not None)
+        except Rejected as e:
+            self._abort(seq, HTTPStatus.BAD_REQUEST, e.reason)
             return
         self.prealloc_queue.append(seq)
         self._stage(seq, "prealloc")
@@ -74,7 +75,7 @@ class DecodeNode(Node):
             self._event("allocate", seq, seq.block_table, f"decode reserved {need} pages for "
                         f"{len(seq.prompt_ids)} prompt + {seq.max_tokens} output tokens")
             if self.switches.kv_canary:
-                self.pool.kv[:, :, seq.block_table] = CANARY  # poison: must be overwritten by the transfer
+                self.pool.write(seq.block_table, CANARY)  # poison: must be overwritten by the transfer
             self.endpoints[seq.room].send_metadata(seq.block_table)
             self.prealloc_queue.remove(seq)
             self.transfer_queue.append(seq)
@@ -147,17 +148,18 @@ class DecodeNode(Node):
             self._release(f.seq, f"finished ({f.seq.finish_reason})")
             self.finished.append(f)
 
-    def _abort(self, seq: Sequence, status: int, reason: str) -> None:
-        seq.finish_reason = "abort"
+    def _abort(self, seq: Sequence, status: int, reason: str, detail: str | None = None) -> Finished:
+        """End `seq` unserved; its pages go back now, or once no write to them is in flight (deferred
+        release)."""
+        ended = super()._abort(seq, status, reason, detail)
+        self.finished.append(ended)
         seq.status = SeqStatus.FINISHED
-        self.endpoints[seq.room].abort(reason, status)
-        self._event("finish", seq, (), f"aborted ({int(status)}): {reason}")
-        self.finished.append(Finished(seq, status, reason))
         if seq.block_table and self.switches.deferred_release and not self.manager.settled(seq.room):
             self.pending_release.append(seq)
             self._event("hold", seq, seq.block_table, "deferred release: writes still in flight")
-            return
-        self._release(seq, "aborted")
+        else:
+            self._release(seq, "aborted")
+        return ended
 
     def _release_settled(self) -> None:
         for seq in list(self.pending_release):

@@ -11,7 +11,7 @@ from minikv.engine.audit import OwnershipAudit
 from minikv.engine.events import Clock, Event, EventLog
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.page_pool import PagePool
-from minikv.engine.request import Sequence
+from minikv.engine.request import CLIENT_CLOSED_REQUEST, Finished, Sequence
 from minikv.engine.scheduler import Scheduler
 from minikv.model.llama import Llama
 
@@ -39,19 +39,29 @@ class Node:
 
     def check_integrity(self) -> None:
         """Pool bookkeeping is consistent and every page owner is a request this node still holds."""
-        self.pool.check_integrity()
-        live = {seq.request_id for queue in self.queues() for seq in queue}
-        for page in range(self.pool.num_pages):
-            owner = self.pool.owner_of(page)
-            held = owner is None or owner in live
-            assert held, f"{self.name} page {page} owned by {owner}, which this node does not hold"
+        self.pool.check_integrity({seq.request_id for queue in self.queues() for seq in queue})
+
+    def admit(self, seq: Sequence) -> None:
+        """A request the front door checked joins this node: its room, its audit registration, its first
+        queue (`add`)."""
+        self.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
+        if self.audit is not None:
+            self.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
+        self.add(seq)
 
     def cancel(self, request_id: str) -> bool:
         """Mark the request finished (abort); the node's gates retire it at their next scan."""
         for seq in (s for q in self.queues() for s in q if s.request_id == request_id and not s.finished()):
-            seq.finish_reason = "abort"
+            seq.abort(CLIENT_CLOSED_REQUEST, "cancelled by the client")  # a mark: the gates end it
             return True
         return False
+
+    def _abort(self, seq: Sequence, status: int, reason: str, detail: str | None = None) -> Finished:
+        """End `seq` unserved: its room fails (the other side learns why), the log says so; the caller frees
+        its pages."""
+        self.endpoints[seq.room].abort(reason, status)
+        self._event("finish", seq, (), detail or f"aborted ({int(status)}): {reason}")
+        return seq.abort(status, reason)
 
     def _event(self, kind: str, seq: Sequence, pages=(), detail: str = "") -> None:
         self.log.add(Event(self.clock.now, self.name, kind, seq.request_id, seq.tenant, tuple(pages), detail))

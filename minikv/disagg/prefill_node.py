@@ -52,9 +52,7 @@ class PrefillNode(Node):
         rejected = self.switches.reject_check and seq.to_finish is not None
         if seq.finished() or rejected:
             if rejected:
-                self.endpoints[seq.room].abort(seq.to_finish, status=400)
-                seq.finish_reason = "abort"
-                self._event("finish", seq, (), f"retired at the queue gate: {seq.to_finish}")
+                self._abort(seq, 400, seq.to_finish, f"retired at the queue gate: {seq.to_finish}")
             self._release(seq, "released")
             return False
         return True
@@ -72,7 +70,8 @@ class PrefillNode(Node):
                 self.bootstrap_queue.remove(seq)
                 self._release(seq, "released")
             elif state is KVPoll.WaitingForInput:  # decode has preallocated and advertised
-                self.endpoints[seq.room].init(num_pages=self.pool.pages_for(len(seq.prompt_ids)))  # its *own* length
+                own_pages = self.pool.pages_for(len(seq.prompt_ids))  # its *own* length
+                self.endpoints[seq.room].init(num_pages=own_pages)
                 self.bootstrap_queue.remove(seq)
                 self.scheduler.add(seq)
                 self._stage(seq, "waiting")
@@ -92,12 +91,12 @@ class PrefillNode(Node):
                 continue
             self.scheduler.running.remove(seq)
             if first.error is not None:  # this request failed; the rest of the batch goes on
-                self.endpoints[seq.room].abort(first.error, status=HTTPStatus.INTERNAL_SERVER_ERROR)
-                seq.finish_reason = "abort"
-                self._event("finish", seq, (), f"failed (500): {first.error}")
+                self._abort(seq, HTTPStatus.INTERNAL_SERVER_ERROR, first.error,
+                            f"failed (500): {first.error}")
                 self._release(seq, "released")
                 continue
-            seq.num_cached = len(seq.prompt_ids)  # the forward wrote the K/V of the whole (possibly swapped) input
+            # the forward wrote the K/V of the whole (possibly swapped) input
+            seq.num_cached = len(seq.prompt_ids)
             n = len(seq.prompt_ids)
             checksum = kv_checksum(self.pool, seq.block_table, n) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None
@@ -111,6 +110,9 @@ class PrefillNode(Node):
             state = self.endpoints[seq.room].poll()
             if state in (KVPoll.Success, KVPoll.Failed):
                 self.inflight_queue.remove(seq)
-                seq.finish_reason = seq.finish_reason or ("transferred" if state is KVPoll.Success else "abort")
-                done = seq.finish_reason == "transferred"
+                failure = self.endpoints[seq.room].failure()
+                if not seq.finished() and failure is not None:
+                    seq.abort(*failure)
+                done = not seq.finished()
+                seq.finish_reason = "transferred" if done else seq.finish_reason
                 self._release(seq, "prefill done; KV handed to decode" if done else "released")

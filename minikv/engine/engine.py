@@ -8,7 +8,6 @@
 write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
 """
 
-import time
 from http import HTTPStatus
 
 import torch
@@ -20,7 +19,6 @@ from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor, check_pool
 from minikv.engine.model_runner import ModelRunner
 from minikv.engine.page_pool import PagePool
-from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import CLIENT_CLOSED_REQUEST, Finished, Request, Sequence
 from minikv.engine.scheduler import Scheduler
 from minikv.model.llama import Llama, ModelConfig
@@ -47,7 +45,7 @@ class Engine(FrontDoor):
             raise ValueError(f"context_len {config.context_len} exceeds the model's max_position_embeddings "
                              f"{mc.max_position_embeddings}; lower context_len")
         super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit),
-                         Clock(), node, config.partition_tenants())  # the clock: the step number, advanced by step()
+                         Clock(), node, config.partition_tenants(), config.cache_salt)  # Clock: step number
         self.model, self.node = model, node
         pages = config.pool_pages(mc)
         self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node,
@@ -73,22 +71,18 @@ class Engine(FrontDoor):
         pages = self.pool.pages_for(len(prompt_ids) + request.max_tokens)
         check_pool(pages * self.pool.page_size, self.pool.tenant_pages * self.pool.page_size, self.node,
                    len(prompt_ids), self.pool.partition is not None)
-        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter())
-        if self.config.prefix_caching:
-            seq.cache_keys = request_page_keys(prompt_ids, self.pool.page_size, seq.tenant, request.cache_salt,
-                                               self.config.cache_salt)
+        seq = Sequence.of(request, request_id, prompt_ids, self.page_keying)
+        self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         if self.audit is not None:
             self.audit.register(seq.uid, request_id, seq.tenant, prompt_ids)
         self.scheduler.add(seq)
-        self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         return seq
 
     def _cancel(self, seq: Sequence) -> None:
         """Free its pages now and answer 499."""
         self.scheduler.release(seq, "cancelled")
         self._event("cancel", seq.request_id, seq.tenant)
-        seq.finish_reason = "abort"
-        self._end(Finished(seq, CLIENT_CLOSED_REQUEST, "cancelled by the client"))
+        self._end(seq.abort(CLIENT_CLOSED_REQUEST, "cancelled by the client"))
         self._retire(seq)
 
     # -- one step -------------------------------------------------------------------------
@@ -115,7 +109,4 @@ class Engine(FrontDoor):
 
     def check_integrity(self) -> None:
         """Pool bookkeeping is consistent and every page holder is a live request."""
-        self.pool.check_integrity()
-        live = {s.request_id for s in self.scheduler.running}
-        for p, holders in enumerate(self.pool.holders):
-            assert set(holders) <= live, f"page {p} held by {holders}, not all of them running"
+        self.pool.check_integrity({s.request_id for s in self.scheduler.running})

@@ -15,53 +15,59 @@ from transformers import PreTrainedTokenizerBase
 from minikv.engine.config import EngineConfig
 from minikv.engine.events import Clock, Event, EventLog
 from minikv.engine.partition import TenantSlots
-from minikv.engine.request import Finished, Request, Response, Sequence, error_response, to_response
+from minikv.engine.request import (CONTEXT_LENGTH_EXCEEDED, Finished, Request, Response, Sequence,
+                                   error_response, to_response)
 from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import PromptError, encode_prompt, longest_token_chars
 
 
 # -- admission control: the checks a request must pass before it may hold any KV cache ---------
 class Rejected(Exception):
-    """A request answered 400; `prompt_tokens` is how many tokens it had, when known."""
+    """A request answered 400: why, the request field it names (OpenAI's `param`), and `prompt_tokens`, how
+    many tokens it had when counted: then the prompt is too long (code `context_length_exceeded`)."""
 
-    def __init__(self, reason: str, prompt_tokens: int = 0) -> None:
+    def __init__(self, reason: str, param: str | None = None, prompt_tokens: int = 0) -> None:
         super().__init__(reason)
-        self.reason, self.prompt_tokens = reason, prompt_tokens
+        self.reason, self.param, self.prompt_tokens = reason, param, prompt_tokens
+        self.code = CONTEXT_LENGTH_EXCEEDED if prompt_tokens else "invalid_value"
 
 
-UNTOKENIZED_FACTOR = 4  # a prompt this many windows long (in the longest token's characters) is never tokenized
+# a prompt this many windows long (in the longest token's characters) is never tokenized
+UNTOKENIZED_FACTOR = 4
 MAX_SALT_CHARS = 256
 
 
 def check_shape(request: Request) -> None:
     """The request's fields, before its prompt is read: max_tokens, sampling, cache_salt."""
     if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-        raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}")
+        raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}", "max_tokens")
     if not isinstance(request.sampling, SamplingParams):
         raise Rejected(f"sampling must be SamplingParams, got {type(request.sampling).__name__}")
-    problem = request.sampling.problem()
-    if problem:
-        raise Rejected(problem)
-    salt = request.cache_salt  # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
+    if problem := request.sampling.problem():
+        raise Rejected(problem[1], problem[0])
+    # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
+    salt = request.cache_salt
     if salt is not None and not (isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable()):
         shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
-        raise Rejected(f"cache_salt must be 1 to {MAX_SALT_CHARS} printable characters, got {shown}")
+        raise Rejected(f"cache_salt must be 1 to {MAX_SALT_CHARS} printable characters, got {shown}",
+                       "cache_salt")
 
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
                   chars_per_token: int | None = None) -> list[int]:
-    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or Rejected."""
+    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or
+    Rejected."""
     check_shape(request)
     text = request.prompt
     if (chars_per_token is not None and isinstance(text, str)
             and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token):
         at_least = -(-len(text) // chars_per_token)
         raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window is "
-                       f"{context_len} tokens (prompt + output)", at_least)
+                       f"{context_len} tokens (prompt + output)", "prompt", at_least)
     try:
         ids = encode_prompt(tokenizer, text)
     except PromptError as e:
-        raise Rejected(str(e)) from None
+        raise Rejected(str(e), "prompt") from None
     check_context(len(ids), request.max_tokens, context_len)
     return ids
 
@@ -70,18 +76,19 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
     """The prompt, and the prompt plus its output, must fit the advertised context window."""
     if prompt_len > context_len - 1:
         raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens (prompt + output)",
-                       prompt_len)
+                       "prompt", prompt_len)
     if prompt_len + max_tokens > context_len:
         raise Rejected(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
-                       f"exceeds the context window of {context_len} tokens", prompt_len)
+                       f"exceeds the context window of {context_len} tokens", "prompt", prompt_len)
 
 
 def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int, partitioned: bool = False) -> None:
-    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never run."""
+    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never
+    run."""
     if num_tokens > pool_tokens:
         whose = "holds at most" if not partitioned else "holds for one tenant (its quota) at most"
         raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool {whose} "
-                       f"{pool_tokens} tokens", prompt_len)
+                       f"{pool_tokens} tokens", "prompt", prompt_len)
 
 
 AUTO_PREFIX = "req-"  # automatic ids; a client's name with this prefix is never taken as an engine id
@@ -147,8 +154,11 @@ class FrontDoor(ABC):
     """The client API of a server: `submit`, `cancel`, `step`, `run`, `generate`, `health`, `close`."""
 
     def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, log: EventLog, clock: Clock,
-                 door: str, partition_tenants: int | None = None) -> None:
-        self.config, self.tokenizer, self.log, self.clock, self.door = config, tokenizer, log, clock, door
+                 door: str, partition_tenants: int | None, salt_per_tenant: bool) -> None:
+        self.config, self.tokenizer = config, tokenizer
+        self.log, self.clock, self.door = log, clock, door
+        # how Sequence.of keys a prompt's pages: (page size, salted per tenant: `cache_salt`); None: no cache
+        self.page_keying = (config.page_size, salt_per_tenant) if config.prefix_caching else None
         self.slots = TenantSlots(partition_tenants) if partition_tenants else None  # None: one shared pool
         self.chars_per_token = longest_token_chars(tokenizer)  # for the length check before tokenizing
         self.book = RequestBook()
@@ -183,6 +193,7 @@ class FrontDoor(ABC):
         """Admit `request`, or answer it at once (400 with the reason; 500 if checking it raised); its engine
         id. `prompt_ids`: what `check_at_door` returned, when a server ran the checks on its own threads."""
         request_id, tenant, problem = self.book.open(request)
+        name = request.request_id if isinstance(request.request_id, str) else None
         try:
             if problem:
                 raise Rejected(problem)
@@ -192,13 +203,13 @@ class FrontDoor(ABC):
             self.seqs[request_id] = self._admit(request, request_id, ids)
             return request_id
         except Rejected as e:
-            status, reason, prompt_tokens = HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens
+            answer = error_response(request_id, tenant, HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens,
+                                    name, e.code, e.param)
         except Exception as e:  # noqa: BLE001 - one request's failure, not the server's
-            status, prompt_tokens = HTTPStatus.INTERNAL_SERVER_ERROR, 0
             reason = f"internal error while checking this request: {type(e).__name__}: {e}"
-        self._event("reject", request_id, tenant, reason)
-        name = request.request_id if isinstance(request.request_id, str) else None
-        self.book.answer(error_response(request_id, tenant, status, reason, prompt_tokens, name))
+            answer = error_response(request_id, tenant, HTTPStatus.INTERNAL_SERVER_ERROR, reason, 0, name)
+        self._event("reject", request_id, tenant, answer.error)
+        self.book.answer(answer)
         return request_id
 
     def cancel(self, request_id: str) -> bool:
@@ -229,7 +240,8 @@ class FrontDoor(ABC):
 
     def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
                  sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt and step until each is answered: their responses, in prompt order (others wait)."""
+        """Submit every prompt and step until each is answered: their responses, in prompt order (others
+        wait)."""
         ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
         for _ in range(100_000):
             if all(i in self.book.outbox for i in ids):
@@ -248,3 +260,11 @@ class FrontDoor(ABC):
         self.book.answer(to_response(ended.seq, ended.status, ended.error, self.tokenizer))
         assert seq.uid == ended.seq.uid, f"{seq.request_id} ended as another request"
 
+
+def progress(door: FrontDoor, request_id: str, decode: bool) -> tuple[int, str] | None:
+    """A live request's tokens generated so far and, if `decode`, the text a stream may show of them
+    (else ""); None once it ended. What a server streams, decoded as the final answer is (request.py)."""
+    seq = door.seqs.get(request_id)
+    if seq is None:
+        return None
+    return len(seq.output_ids), seq.visible_text(door.tokenizer) if decode and seq.output_ids else ""

@@ -55,7 +55,8 @@ class PagePool:
         self.page_size, self.num_pages = page_size, num_pages
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
         self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
-        self.kv.zero_()  # once, at boot, so runs are reproducible; freeing never clears it (unless scrub_on_free)
+        # once, at boot, so runs are reproducible; freeing never clears it (unless scrub_on_free)
+        self.kv.zero_()
         self.scrub_on_free = scrub_on_free
         self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
@@ -106,7 +107,8 @@ class PagePool:
 
     def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
         """Whether `num_pages` new pages are there for `tenant` once it holds its `cached` hits. Shared: the
-        stack and anyone's parked pages. Partitioned: its quota, less its pages, plus its own evictable parked."""
+        stack and anyone's parked pages. Partitioned: its quota, less its pages, plus its own evictable
+        parked."""
         if self.partition is None:
             parked = self.prefix_cache.evictable(None, cached) if self.prefix_cache else 0
             return num_pages <= len(self.free_pages) + parked
@@ -115,9 +117,9 @@ class PagePool:
         return num_pages <= self.partition.room(tenant) + own_parked
 
     def allocate(self, num_pages: int, owner: str, cached: list[int] = (), tenant: str | None = None) -> list[int]:
-        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`. Shared: off
-        the stack, then evicting anyone's parked pages, least recently used first. Partitioned: off the stack while
-        `tenant` is under its quota, then evicting its own. Returns the new pages."""
+        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`. Shared:
+        off the stack, then evicting anyone's parked pages, least recently used first. Partitioned: off the
+        stack while `tenant` is under its quota, then evicting its own. Returns the new pages."""
         if not self.can_allocate(num_pages, cached, tenant):
             raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
         for p in cached:
@@ -146,7 +148,8 @@ class PagePool:
 
     def free(self, pages: list[int], owner: str, tenant: str = "") -> None:
         """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked (still `tenant`'s when
-        partitioned) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs on free."""
+        partitioned) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs
+        on free."""
         emptied = []
         for p in reversed(pages):
             assert owner in self.holders[p], f"{owner} freed page {p} held by {self.holders[p]}"
@@ -165,9 +168,14 @@ class PagePool:
                 self.partition.release(p)
             self.free_pages.append(p)
         if self.scrub_on_free and emptied:
-            self.kv[:, :, emptied] = 0  # the costly option: one write per freed page
+            self.write(emptied, 0.0)  # the costly option: one write per freed page
             if self.on_scrub is not None:
                 self.on_scrub(emptied)  # e.g. the audit: these slots now hold what nobody wrote
+
+    def write(self, pages: list[int], kv: Tensor | float) -> None:
+        """Overwrite whole `pages` of every layer with `kv` (L, 2, n, page, KVH, D) or one value: a transfer
+        landing, a canary, a scrub. (A forward writes its own tokens' slots through `flat`.)"""
+        self.kv[:, :, pages] = kv.to(self.kv.device) if isinstance(kv, Tensor) else kv
 
     # -- slots --------------------------------------------------------------------------
     def slots(self, block_table: list[int], start: int, end: int) -> list[int]:
@@ -185,8 +193,9 @@ class PagePool:
         k, v = self.kv[:, 0], self.kv[:, 1]  # (L, P, page, KVH, D) each
         return k.view(k.shape[0], -1, *k.shape[-2:]), v.view(v.shape[0], -1, *v.shape[-2:])
 
-    def check_integrity(self) -> None:
-        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice."""
+    def check_integrity(self, live: set[str] | None = None) -> None:
+        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice; and when
+        `live` (the request ids its node still serves) is given, held by live requests only."""
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)
@@ -198,6 +207,7 @@ class PagePool:
                 f"page {p}: on stack {p in on_stack}, parked {p in parked}, holders {self.holders[p]}"
             if p in on_stack and self.prefix_cache:
                 assert not self.prefix_cache.is_cached(p), f"page {p} is on the stack with a cache key"
+            assert live is None or set(self.holders[p]) <= live, f"page {p}: {self.holders[p]}, not all live"
         if self.prefix_cache:
             self.prefix_cache.check()
         if self.partition:

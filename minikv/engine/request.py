@@ -5,6 +5,7 @@ answer can still be wrong): a Response carries everything a monitor could look a
 """
 
 import itertools
+import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from http import HTTPStatus
@@ -12,11 +13,14 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from minikv.engine.prefix_cache import request_page_keys
 from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import decode
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a 400 refusing a prompt as too long
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that went away; http.HTTPStatus has none
-DETOKENIZE_CONTEXT = 5  # earlier tokens decoded with the new ones, so that a tokenizer joining pieces joins them right
+# earlier tokens decoded with the new ones, so that a tokenizer joining pieces joins them right
+DETOKENIZE_CONTEXT = 5
 
 
 @dataclass(frozen=True)
@@ -65,11 +69,11 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     first_token_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length", "abort", or "transferred" (a disaggregated prefill half)
+    finish_reason: str | None = None  # "stop", "length", "abort"; "transferred": a disaggregated prefill half
     generator: torch.Generator | None = None  # per-request sampler state; None when greedy
     client_request_id: str | None = None  # echoed back in the response
     stop: tuple[str, ...] = ()
-    text: str = ""  # decoded incrementally: tokens[text_from:text_upto] were decoded last time, the rest is new
+    text: str = ""  # decoded incrementally: tokens[text_from:text_upto] decoded last time, the rest is new
     text_from: int = 0
     text_upto: int = 0
     stopped_at_string: bool = False  # a stop string was found: `text` is final
@@ -85,25 +89,39 @@ class Sequence:
             self.generator = self.sampling.new_generator()
 
     @classmethod
-    def of(cls, request: Request, request_id: str, prompt_ids: list[int], arrival_s: float, **fields) -> "Sequence":
-        """The one place a checked Request becomes a Sequence (every door and node calls it)."""
+    def of(cls, request: Request, request_id: str, prompt_ids: list[int],
+           page_keying: tuple[int, bool] | None, **fields) -> "Sequence":
+        """The one intake of a checked Request, whatever the door: its Sequence, arriving now, with its
+        prompt's page keys when `page_keying` (page size, salted per tenant) says the prefix cache is on."""
         name = request.request_id if isinstance(request.request_id, str) else None
-        return cls(request_id, request.tenant, list(prompt_ids), request.max_tokens, request.sampling, arrival_s,
-                   client_request_id=name, stop=tuple(request.stop), **fields)
+        seq = cls(request_id, request.tenant, list(prompt_ids), request.max_tokens, request.sampling,
+                  time.perf_counter(), client_request_id=name, stop=tuple(request.stop), **fields)
+        if page_keying is not None:
+            seq.cache_keys = request_page_keys(prompt_ids, page_keying[0], seq.tenant, request.cache_salt,
+                                               page_keying[1])
+        return seq
 
     def copy_for_node(self) -> "Sequence":
-        """Another node's own copy (as separate servers each keep one): same identity, own lists and sampler."""
+        """Another node's own copy (as separate servers each keep one): same identity, own lists and
+        sampler."""
         return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
                         self.arrival_s, uid=self.uid, client_request_id=self.client_request_id, stop=self.stop,
                         cache_keys=list(self.cache_keys), room=self.room)
 
+    def abort(self, status: int, reason: str) -> "Finished":
+        """The one way a request ends unserved: finish_reason "abort", and how it left (status, reason)."""
+        self.finish_reason = "abort"
+        return Finished(self, status, reason)
+
     def finished(self) -> bool:
-        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's `Req.finished()`)."""
+        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's
+        `Req.finished()`)."""
         return self.finish_reason is not None
 
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def tokens(self, start: int, end: int | None = None) -> list[int]:
+        """Tokens start..end-1 of the prompt followed by the output (to the last one when `end` is None)."""
+        end, p = self.seq_len if end is None else end, len(self.prompt_ids)
+        return self.prompt_ids[start:end] + self.output_ids[max(0, start - p) : max(0, end - p)]
 
     @property
     def seq_len(self) -> int:
@@ -112,24 +130,25 @@ class Sequence:
     def update_text(self, tokenizer: PreTrainedTokenizerBase) -> bool:
         """Bring `text` up to the last token, decoding only new ones (a piece decoding to U+FFFD waits for
         the next). Returns whether a stop string now ends the text, which is then cut before it and final."""
-        tokens = self.tokens
-        if self.stopped_at_string or self.text_upto == len(tokens):
+        if self.stopped_at_string or self.text_upto == self.seq_len:
             return self.stopped_at_string
-        shown = decode(tokenizer, tokens[self.text_from : self.text_upto])
-        both = decode(tokenizer, tokens[self.text_from :])
+        shown = decode(tokenizer, self.tokens(self.text_from, self.text_upto))
+        both = decode(tokenizer, self.tokens(self.text_from))
         if len(both) <= len(shown) or both.endswith("\ufffd"):
             return False
         new = both[len(shown) :]
         self.text += new
-        self.text_from, self.text_upto = self.text_upto, len(tokens)
+        self.text_from, self.text_upto = self.text_upto, self.seq_len
         tail_from = max(0, len(self.text) - len(new) - max((len(s) for s in self.stop), default=0) + 1)
         hits = [i for i in (self.text.find(s, tail_from) for s in self.stop) if i >= 0]
         if hits:
             self.text, self.stopped_at_string = self.text[: min(hits)], True
         return self.stopped_at_string
 
-    def visible_text(self) -> str:
-        """What may be shown to the client now: while it runs, not a tail that could start a stop string."""
+    def visible_text(self, tokenizer: PreTrainedTokenizerBase) -> str:
+        """The text up to the last token as the client may see it now: all of it once finished; while it
+        runs, not a tail that could start a stop string. Streaming and the final answer both read it here."""
+        self.update_text(tokenizer)
         if self.finished() or not self.stop:
             return self.text
         return self.text[: max(0, len(self.text) - max(len(s) for s in self.stop) + 1)]
@@ -158,6 +177,8 @@ class Response:
     error: str | None = None
     finish_reason: str | None = None  # "stop" (end of text or a stop string), "length" (max tokens), "abort"
     client_request_id: str | None = None  # the client's own id, echoed back; never used to route
+    error_code: str | None = None  # a 400's OpenAI code: "invalid_value" or "context_length_exceeded"
+    error_param: str | None = None  # the request field a 400 names (OpenAI's `param`), if any
 
     def __post_init__(self) -> None:
         self.status = int(self.status)  # an HTTPStatus prints as its name in lists; keep the plain number
@@ -179,18 +200,20 @@ class Finished:
 
 def to_response(seq: Sequence, status: int, error: str | None, tokenizer: PreTrainedTokenizerBase) -> Response:
     """The one way a Sequence becomes a Response: a 200 carries the text and usage; anything else
-    no text and no generated tokens (the client received none)."""
+    no text and no generated tokens (the client received none). A node's 400 refuses a prompt too long."""
     if status != HTTPStatus.OK:
+        too_long = (CONTEXT_LENGTH_EXCEEDED, "prompt") if status == HTTPStatus.BAD_REQUEST else (None, None)
         return error_response(seq.request_id, seq.tenant, status, error or "", len(seq.prompt_ids),
-                              seq.client_request_id)
-    seq.update_text(tokenizer)
-    return Response(seq.request_id, seq.tenant, status, seq.text,
+                              seq.client_request_id, *too_long)
+    return Response(seq.request_id, seq.tenant, status, seq.visible_text(tokenizer),
                     Usage(len(seq.prompt_ids), len(seq.output_ids), seq.cached_tokens), seq.first_token_s,
                     list(seq.token_times_s), None, seq.finish_reason, seq.client_request_id)
 
 
 def error_response(request_id: str, tenant: str, status: int, reason: str, prompt_tokens: int = 0,
-                   client_request_id: str | None = None) -> Response:
-    """An answer with no text: 400 refused (the reason names the numbers), 499, 500, 503."""
+                   client_request_id: str | None = None, code: str | None = None,
+                   param: str | None = None) -> Response:
+    """An answer with no text: 400 refused (the reason names the numbers; `code` and `param` as
+    OpenAI's), 499, 500, 503."""
     return Response(request_id, tenant, status, usage=Usage(prompt_tokens, 0), error=reason, finish_reason="abort",
-                    client_request_id=client_request_id)
+                    client_request_id=client_request_id, error_code=code, error_param=param)

@@ -83,7 +83,7 @@ class Scheduler:
         def take(seq: Sequence, todo: int) -> int:  # the tokens `seq` computes this step: all, or a chunk
             n = min(todo, budget) if self.chunked_prefill else todo
             seqs.append(seq)
-            new_tokens.append(seq.tokens[seq.num_cached : seq.num_cached + n])
+            new_tokens.append(seq.tokens(seq.num_cached, seq.num_cached + n))
             self.fairness.charge(seq.tenant, prompt_tokens=n)
             return n
 
@@ -143,7 +143,7 @@ class Scheduler:
                 assert victim is not None, "admission let in a request its tenant's pages cannot hold"
                 self.preempt(victim)
         batch = [s for s in self.running if not prefilling(s)]
-        return ScheduledBatch("decode", batch, [[s.tokens[-1]] for s in batch]) if batch else None
+        return ScheduledBatch("decode", batch, [s.tokens(s.seq_len - 1) for s in batch]) if batch else None
 
     def _may_preempt(self, seq: Sequence, victim: Sequence) -> bool:
         """Whether `seq` may take `victim`'s pages: anyone's in a shared pool, its own tenant's when partitioned."""
@@ -165,8 +165,7 @@ class Scheduler:
         now, ended = time.perf_counter(), []
         for seq, choice, n in zip(seqs, sampled, num_new, strict=True):
             if choice.error is not None:  # that request fails alone (500); the batch goes on
-                seq.finish_reason = "abort"
-                ended.append(Finished(seq, HTTPStatus.INTERNAL_SERVER_ERROR, choice.error))
+                ended.append(seq.abort(HTTPStatus.INTERNAL_SERVER_ERROR, choice.error))
                 continue
             assert choice.token is not None and seq.finish_reason is None, f"{seq.request_id} stepped after it ended"
             seq.num_cached += n
@@ -196,7 +195,8 @@ class Scheduler:
         self.running.remove(seq)
         self._event("preempt", seq, seq.block_table, "pool full: pages returned, will recompute")
         self.pool.free(seq.block_table, seq.request_id, seq.tenant)
-        seq.block_table, seq.num_cached, seq.status = [], 0, SeqStatus.WAITING
+        seq.block_table, seq.num_cached = [], 0
+        seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
 
     def release(self, seq: Sequence, reason: str) -> None:

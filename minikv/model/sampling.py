@@ -18,17 +18,18 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
 
-    def problem(self) -> str | None:
-        """Why these values are invalid (a one-line 400 naming the value), or None."""
+    def problem(self) -> tuple[str, str] | None:
+        """(the field, why its value is invalid: a one-line 400 naming the value), or None."""
         t, p = self.temperature, self.top_p
         finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
         if not finite(t) or not 0 <= t <= MAX_TEMPERATURE:
-            return f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], got {t!r}"
+            return "temperature", (f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], "
+                                   f"got {t!r}")
         if not finite(p) or not 0 < p <= 1:
-            return f"top_p must be a finite number in (0, 1], got {p!r}"
+            return "top_p", f"top_p must be a finite number in (0, 1], got {p!r}"
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed < 2**64):  # torch.Generator's seeds
-            return f"seed must be an integer in [0, 2**64), got {self.seed!r}"
+            return "seed", f"seed must be an integer in [0, 2**64), got {self.seed!r}"
         return None
 
     @property

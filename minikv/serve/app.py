@@ -123,7 +123,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
                                                  loop.door.chars_per_token)
         except Rejected as e:
             call.prompt_tokens = e.prompt_tokens
-            raise engine_refusal(HTTPStatus.BAD_REQUEST, e.reason, e.prompt_tokens) from None
+            raise engine_refusal(HTTPStatus.BAD_REQUEST, e.reason, e.code, e.param) from None
     except APIError as e:
         gateway.write(call, e.status)
         return e.response()
@@ -144,7 +144,7 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
             return Response(status_code=499)
         log_answer(gateway, call, first)
         if first.status != HTTPStatus.OK:
-            return engine_refusal(first.status, first.error or "", first.usage.prompt_tokens).response()
+            return engine_refusal(first.status, first.error, first.error_code, first.error_param).response()
         return JSONResponse(reply_body(call.request_id, settings.model_name, chat, int(time.time()), first.text,
                                        first.finish_reason, first.usage, stream=False))
     events = stream_events(ticket, first, call, chat, body, loop, gateway)
@@ -222,7 +222,8 @@ async def stream_events(ticket: Ticket, first: str | Answer, call: Call, chat: b
         outcome = item
         log_answer(gateway, call, outcome)  # logged before the last event goes out
         if outcome.status != HTTPStatus.OK:  # failed after the first token: an error event, as vLLM sends
-            yield sse(engine_refusal(outcome.status, outcome.error or "", outcome.usage.prompt_tokens).body())
+            refusal = engine_refusal(outcome.status, outcome.error, outcome.error_code, outcome.error_param)
+            yield sse(refusal.body())
         else:
             yield sse(reply_body(call.request_id, call.model, chat, created, "", outcome.finish_reason, first=not sent))
             if body.stream_options is not None and body.stream_options.include_usage:

@@ -17,7 +17,7 @@ from minikv.disagg.dist.cluster import DistCluster
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
-from minikv.engine.front_door import FrontDoor
+from minikv.engine.front_door import FrontDoor, progress
 from minikv.engine.partition import quota_pages
 from minikv.engine.request import Request, Response, error_response
 from minikv.model.llama import Llama
@@ -182,13 +182,9 @@ class EngineLoop:
     def _relay(self) -> None:
         """Each live request's progress; a streamed one's visible text (never a tail that could start a stop string)."""
         for eid, ticket in self._live.items():
-            seq = self.door.seqs.get(eid)
-            if seq is None:
-                continue
-            ticket.tokens_seen = len(seq.output_ids)
-            if ticket.stream and ticket.tokens_seen:
-                seq.update_text(self.door.tokenizer)
-                self._send(ticket, seq.visible_text())
+            if (now := progress(self.door, eid, decode=ticket.stream)) is not None:
+                ticket.tokens_seen, text = now
+                self._send(ticket, text)
 
     def _send(self, ticket: Ticket, text: str) -> None:
         if len(text) > ticket.sent_chars:

@@ -1,7 +1,6 @@
 """What a client may send, checked (pydantic, strict: `"max_tokens": "7"` is an error, not a 7) before anything
 reaches the engine, whose own admission judges the values; the replies and the errors sent back (docs/serve.md)."""
 
-import re
 from http import HTTPStatus
 from typing import Literal
 
@@ -20,7 +19,6 @@ UNSUPPORTED = {  # field -> the values that ask for nothing (a client's default)
 }
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CHAT_MAX_TOKENS = 64
-REQUEST_FIELDS = ("max_tokens", "temperature", "top_p", "seed", "stop", "cache_salt", "prompt", "messages", "n")
 
 
 class StreamOptions(BaseModel):
@@ -159,13 +157,12 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=int(self.status))
 
 
-def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
-    """The error for a response the engine did not serve; a 400 that counted the prompt is a length refusal."""
+def engine_refusal(status: int, reason: str | None, code: str | None = None,
+                   param: str | None = None) -> APIError:
+    """The error for a response the engine did not serve: a 400 with the code and param the engine gave."""
+    reason = reason or ""
     if status == HTTPStatus.BAD_REQUEST:
-        if prompt_tokens > 0:
-            return APIError(HTTPStatus.BAD_REQUEST, reason, "context_length_exceeded", "prompt")
-        param = next((w for w in re.findall(r"\w+", reason)[:2] if w in REQUEST_FIELDS), None)  # "max_tokens must", "empty prompt"
-        return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", param)
+        return APIError(HTTPStatus.BAD_REQUEST, reason, code or "invalid_value", param)
     if status == 499:
         return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
     if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown

@@ -21,7 +21,6 @@ from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_mai
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
-from minikv.engine.prefix_cache import request_page_keys
 from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
@@ -51,10 +50,12 @@ class DistCluster(FrontDoor):
                  link_s_per_page: float = 0.0, threads: int = 1) -> None:
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
-        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door",  # the workers keep no event log
-                         partition_tenants(config, switches))
+        # the workers keep no event log
+        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door",
+                         partition_tenants(config, switches), switches.cache_salt)
         self.switches = switches
-        self.failure: str | None = None  # why the pair is down (for the operator); None while both workers live
+        # why the pair is down (for the operator); None while both workers live
+        self.failure: str | None = None
         self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
@@ -105,15 +106,12 @@ class DistCluster(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
         room = next(self._rooms)
-        seq = Sequence.of(request, request_id, prompt_ids, time.perf_counter(), uid=room, room=room)
+        seq = Sequence.of(request, request_id, prompt_ids, self.page_keying, uid=room, room=room)
         self._take_news(0.0)
         if self.failure or self.stopping:
             reason = UNAVAILABLE if self.failure else "the server is shutting down"
             self._ended.append(Finished(seq, HTTPStatus.SERVICE_UNAVAILABLE, reason))
             return seq
-        if self.config.prefix_caching:
-            seq.cache_keys = request_page_keys(prompt_ids, self.config.page_size, seq.tenant, request.cache_salt,
-                                               self.switches.cache_salt)
         for commands in self._commands.values():
             commands.put(Admit(seq.copy_for_node()))
         return seq
@@ -124,7 +122,8 @@ class DistCluster(FrontDoor):
             commands.put(Cancel(seq.request_id))
 
     def kv_in_flight(self, request_id: str) -> bool:
-        """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late write)."""
+        """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late
+        write)."""
         return any(request_id in report.get("kv_in_flight", ()) for report in self.reports.values())
 
     def _advance(self) -> list[Finished]:
@@ -134,7 +133,8 @@ class DistCluster(FrontDoor):
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers sent (waiting up to `wait_s` for the first); then check both live."""
+        """Handle every message the workers sent (waiting up to `wait_s` for the first); then check both
+        live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
@@ -145,7 +145,8 @@ class DistCluster(FrontDoor):
         self._watch_workers()
 
     def _handle(self, message: object) -> None:
-        self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()  # Tokens and Ended come from decode
+        # Tokens and Ended come from decode
+        self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()
         if isinstance(message, Ended) and message.seq.request_id in self.seqs and not self.failure:
             self._ended.append(Finished(message.seq, message.status, message.error))
         elif isinstance(message, Tokens) and message.request_id in self.seqs:

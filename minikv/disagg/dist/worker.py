@@ -49,7 +49,8 @@ class WorkerSpec:
 
 def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
     """The worker process's entry point (multiprocessing spawns it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the front door stops us in order
+    # Ctrl-C reaches the whole group; the front door stops us in order
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         torch.set_num_threads(spec.threads)
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
@@ -96,14 +97,15 @@ def loopback_store(rank: int, port: int) -> dist.TCPStore:
 def report(node: Node, manager: DistKVManager) -> dict:
     """What this side reports: pool occupancy, what its audit saw, the requests whose KV is on the wire."""
     pool, audit = node.pool, node.audit
-    return {**pool.occupancy(), "pages_held": sum(1 for h in pool.holders if h),
+    return {**pool.occupancy(), "pages_held": pool.num_held,
             "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
             "kv_in_flight": sorted(t.request_id for t in manager.rooms.values() if t.in_flight),
             "late_writes": list(manager.landed_late)}
 
 
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or change."""
+    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or
+    change."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
     last, reported = report(node, manager), time.monotonic()  # what worker_main reported
     while os.getppid() == parent_pid:
@@ -120,7 +122,8 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
             outbox.put(Report(rank, now))
             last, reported = now, time.monotonic()
         if not (node.scheduler.waiting or node.scheduler.running):
-            time.sleep(WAITING_NAP_S)  # nothing to compute here: every request waits on the other side or the network
+            # nothing to compute here: every request waits on the other side or the network
+            time.sleep(WAITING_NAP_S)
 
 
 def take_commands(node: Node, inbox, block: bool) -> bool:
@@ -134,11 +137,7 @@ def take_commands(node: Node, inbox, block: bool) -> bool:
         if isinstance(command, Stop):
             return False
         if isinstance(command, Admit):
-            seq = command.seq
-            node.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
-            if node.audit is not None:
-                node.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
-            node.add(seq)
+            node.admit(command.seq)
         elif isinstance(command, Cancel):
             node.cancel(command.request_id)
 

@@ -36,7 +36,8 @@ class Shipment:
 
 @dataclass
 class Transfer:
-    """A room's record, written by its backend: the receiver's `dst_pages`, the sender's `num_pages` and `shipment`."""
+    """A room's record, written by its backend: the receiver's `dst_pages`, the sender's `num_pages` and
+    `shipment`."""
     room: int
     request_id: str
     tenant: str
@@ -48,14 +49,16 @@ class Transfer:
     shipment: Shipment | None = None
     unposted: list[tuple[list[int], list[int]]] = field(default_factory=list)  # (src, dst) batches
     in_flight: int = 0  # posted batches not yet landed
-    last_progress: float = 0.0  # when a page last moved: clock ticks in-process, monotonic seconds across processes
+    last_progress: float = 0.0  # last page moved: clock ticks in-process, monotonic seconds across processes
     failure: str | None = None
     failure_status: int = HTTPStatus.INTERNAL_SERVER_ERROR
 
     def fail(self, reason: str, status: int) -> None:
         """Mark the room Failed, unless it already ended: nothing more of it is posted."""
         if self.status not in (KVPoll.Success, KVPoll.Failed):
-            self.unposted, self.status, self.failure, self.failure_status = [], KVPoll.Failed, reason, int(status)
+            self.unposted = []
+            self.status = KVPoll.Failed
+            self.failure, self.failure_status = reason, int(status)
 
 
 def page_slots(pool: PagePool, pages: list[int]) -> Tensor:
@@ -74,7 +77,7 @@ def read_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int]) -
 
 def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], kv: Tensor, ledger: Tensor) -> None:
     """A write lands in `pages`, whoever owns them now, and the audit records who wrote each slot."""
-    pool.kv[:, :, pages] = kv.to(pool.kv.device)
+    pool.write(pages, kv)
     if audit is not None:
         ledger = ledger.to(pool.kv.device)
         audit.record_writes(page_slots(pool, pages), ledger[0], ledger[1])
@@ -103,7 +106,8 @@ class KVTransfer(ABC):
         """Advance the fabric: land what has arrived, fail what timed out."""
 
     def poll(self, room: int) -> KVPoll:
-        """The room's state as this side sees it (after `_refresh`, which reads what the other side decided)."""
+        """The room's state as this side sees it (after `_refresh`, which reads what the other side
+        decided)."""
         t = self.rooms[room]
         self._refresh(t)
         if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
@@ -118,9 +122,11 @@ class KVTransfer(ABC):
         return room not in self.rooms or self.rooms[room].in_flight == 0
 
     def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
-        """Register a request's room (its uid is its writer id in both audit ledgers)."""
-        assert room not in self.rooms, f"room {room} opened twice"
-        self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
+        """Register a request's room (its uid is its writer id in both audit ledgers); a backend that holds
+        both sides is told by both nodes."""
+        if room not in self.rooms:
+            self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
+        assert (self.rooms[room].request_id, self.rooms[room].uid) == (request_id, uid), f"room {room} reused"
         return self.rooms[room]
 
     def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:
@@ -140,7 +146,8 @@ class KVTransfer(ABC):
         self._drop_if_done(room)
 
     def _drop_if_done(self, room: int) -> None:
-        """Forget the room once every side here is closed and nothing is in flight; its uid leaves the audits."""
+        """Forget the room once every side here is closed and nothing is in flight; its uid leaves the
+        audits."""
         t = self.rooms[room]
         if not t.open_sides and not t.in_flight:
             del self.rooms[room]

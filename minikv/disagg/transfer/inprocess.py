@@ -29,7 +29,9 @@ class KVManager(KVTransfer):
                  dst_audit: OwnershipAudit | None, log: EventLog, clock: Clock, base_latency: int = 1,
                  pages_per_tick: int = 1, timeout_ticks: int = 16, batch_cap_pages: int | None = None) -> None:
         super().__init__(("sender", "receiver"), (src_audit, dst_audit), batch_cap_pages)
-        self.src, self.dst, self.src_audit, self.dst_audit, self.log = src, dst, src_audit, dst_audit, log
+        self.src, self.dst = src, dst
+        self.src_audit, self.dst_audit = src_audit, dst_audit
+        self.log = log
         self.clock, self.timeout_ticks = clock, timeout_ticks
         self.base_latency, self.pages_per_tick = base_latency, pages_per_tick
         self.posted: list[PostedBatch] = []

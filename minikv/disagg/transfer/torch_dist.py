@@ -180,7 +180,9 @@ class DistKVManager(KVTransfer):
             kv, ledger = read_pages(self.pool, self.audit, src)  # a snapshot of the source
             on_wire.append(WireBatch(room, i, src, kv.to(self.wire.device), ledger.to(self.wire.device)))
         self.wire.hold(on_wire)
-        t.in_flight, t.status, t.last_progress = len(on_wire), KVPoll.Transferring, time.monotonic()
+        t.in_flight = len(on_wire)
+        t.status = KVPoll.Transferring
+        t.last_progress = time.monotonic()
         self.wire.post_due()
 
     def abort(self, room: int, reason: str, status: int = HTTPStatus.INTERNAL_SERVER_ERROR) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import run_load
-from minikv.serve.peer_run import PROBES, RECORDED, peer_run
+from minikv.bench.peer_run import PROBES, RECORDED, peer_run
 from minikv.serve.peer_venv import installed
 from minikv.probe.report import FAIL, PASS
 from minikv.probe.run import probe_endpoint

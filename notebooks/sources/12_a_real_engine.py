@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 12 · A real engine: vLLM on the same model, the same machine
 #
-# **The code it teaches:** `minikv/serve/peer.py` (vLLM started with minikv's window and pool), `minikv/serve/peer_run.py` (what this notebook runs against it), `minikv/probe/prefix_cache.py` and `minikv/probe/eviction.py` (the two checks that decide).
+# **The code it teaches:** `minikv/serve/peer.py` (vLLM started with minikv's window and pool), `minikv/bench/peer_run.py` (what this notebook runs against it), `minikv/probe/prefix_cache.py` and `minikv/probe/eviction.py` (the two checks that decide).
 #
 # **What you will learn**
 # - to run a real serving engine, vLLM's CPU build, on the model every notebook used, and to check
@@ -31,7 +31,7 @@ from minikv.probe.report import FAIL, PASS
 from minikv.probe.run import probe_endpoint
 from minikv.serve.launch import ServerThread
 from minikv.serve.peer import PeerServer, vllm_command
-from minikv.serve.peer_run import KEYS, PROBES, RECORDED, peer_run
+from minikv.bench.peer_run import KEYS, PROBES, RECORDED, peer_run
 from minikv.serve.peer_venv import installed
 
 model, tok = load_model()

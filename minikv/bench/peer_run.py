@@ -1,6 +1,6 @@
 """What notebook 12 shows of a real engine: `peer_run` against a served peer returns how many greedy replies equal
 minikv's, a prompt past the window, and `minikv probe` as a plain gateway sends (one shared cache) and as one that
-salts per key; where no peer is set up, notebook 12 reads RECORDED, written by `python -m minikv.serve.peer_run`."""
+salts per key; where no peer is set up, notebook 12 reads RECORDED, written by `python -m minikv.bench.peer_run`."""
 
 import asyncio
 import datetime
@@ -68,7 +68,7 @@ def record(path: Path = RECORDED) -> dict:
     assert versions, "vLLM is not set up: python -m minikv peer setup vllm"
     with PeerServer() as peer:
         run = peer_run(peer.url, peer.model, *load_model())
-    run = {"recorded": datetime.date.today().isoformat(), "command": "python -m minikv.serve.peer_run",
+    run = {"recorded": datetime.date.today().isoformat(), "command": "python -m minikv.bench.peer_run",
            "versions": {k: versions[k] for k in ("vllm", "torch", "transformers")},
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}", **run}
     path.write_text(json.dumps(run, indent=1) + "\n")

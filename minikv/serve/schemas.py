@@ -160,14 +160,16 @@ class APIError(Exception):
 
 
 def engine_refusal(status: int, reason: str, prompt_tokens: int) -> APIError:
-    """The error for a response the engine did not serve; a 400 that counted the prompt is a length refusal."""
+    """The error for a response the engine did not serve; a 400 that counted the prompt is a length refusal. An
+    empty `reason` gets the status's own words."""
     if status == HTTPStatus.BAD_REQUEST:
         if prompt_tokens > 0:
-            return APIError(HTTPStatus.BAD_REQUEST, reason, "context_length_exceeded", "prompt")
+            return APIError(HTTPStatus.BAD_REQUEST, reason or "the engine refused this prompt's length",
+                            "context_length_exceeded", "prompt")
         param = next((w for w in re.findall(r"\w+", reason)[:2] if w in REQUEST_FIELDS), None)  # "max_tokens must", "empty prompt"
-        return APIError(HTTPStatus.BAD_REQUEST, reason, "invalid_value", param)
+        return APIError(HTTPStatus.BAD_REQUEST, reason or "the engine refused this request", "invalid_value", param)
     if status == 499:
-        return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
+        return APIError(HTTPStatus.BAD_REQUEST, reason or "cancelled by the client", "cancelled")
     if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown
-        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason, "unavailable")
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason or "the server cannot serve now", "unavailable")
     return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, reason or "the engine failed this request", "engine_error")

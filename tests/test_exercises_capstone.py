@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from minikv.exercises.nb13_audit import (EVERY_DRAW, SWITCHES, check_every_endpoint, check_verdicts, decided,
+from minikv.exercises.nb13_audit import (EVERY_DRAW, SWITCHES, check_every_endpoint, check_predictions,
+                                         check_verdicts, decided,
                                          eviction_sign, expected_evidence, explain, gather_evidence, never_acted)
 from minikv.probe.run import probe_endpoint
 from minikv.serve.launch import ServerThread
@@ -116,3 +117,11 @@ def test_a_fix_that_never_acted_is_named():
     s = next(d for d in EVERY_DRAW if d.reject_check and not d.startup_check and d.kv_checksum and d.kv_canary)
     assert {"kv_checksum", "kv_canary", "deferred_release"} <= set(never_acted(s))
     assert "reject_check" not in never_acted(s) and "transfer_batch_cap" not in never_acted(s)
+
+
+def test_predictions_are_checked_on_every_draw(capsys):
+    """expected_evidence itself passes; one that forgets the scrub's effect on the cache fails."""
+    check_predictions(expected_evidence)
+    assert "512 draws" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="switches on"):
+        check_predictions(lambda s: expected_evidence(s) | {"A repeats": "cached"})

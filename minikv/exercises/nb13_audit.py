@@ -186,3 +186,13 @@ def check_every_endpoint(fn: Callable[[dict[str, str]], Verdicts]) -> None:
 
 
 WORDS = {True: "on", False: "off", None: "?"}
+
+
+def check_predictions(fn: Callable[[SafetySwitches], dict[str, str]]) -> None:
+    """fn(switches) -> the evidence a fresh mystery server with those switches gives, on all 512 draws, against
+    expected_evidence (which tests/test_exercises_capstone.py holds against real servers)."""
+    for s in EVERY_DRAW:
+        on = [n for n in SWITCHES if getattr(s, n)]
+        expect(fn(s), expected_evidence(s), f"switches on: {', '.join(on) or 'none'}",
+               "Follow one request at a time: which fix stops it first, and what does the client get then?")
+    print(f"right on all {len(EVERY_DRAW)} draws")

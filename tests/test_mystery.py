@@ -33,7 +33,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_the_same_seed_draws_the_same_switches_in_every_process():
     """draw(seed) in this process equals draw(seed) in a fresh interpreter (another string-hash seed)."""
-    code = "import json; from minikv.serve.mystery import draw; print(json.dumps([draw(s).as_dict() for s in range(8)]))"
+    code = ("import json; from minikv.serve.mystery import draw; "
+            "print(json.dumps([draw(s).as_dict() for s in range(8)]))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": "12345", "PATH": "", "PYTHONPATH": ":".join(sys.path)})
     assert json.loads(other.stdout) == [draw(s).as_dict() for s in range(8)]
@@ -79,18 +80,22 @@ def read_everything(server, log) -> tuple[list[int], str]:
         return httpx.request(method, server.url + path, headers=headers, timeout=60, **kw)
 
     get, post = (functools.partial(call, method) for method in ("GET", "POST"))
-    document = long_document_prompt("bob", 800, random.Random(0))  # past the incident's pool: the engine's refusal
+    document = long_document_prompt("bob", 800, random.Random(0))  # past the incident's pool: the engine refuses
+    short = long_document_prompt("bob", 300, random.Random(1))
     replies = [get("/v1/models"), get("/v1/models/tiny-llama"), get("/v1/models/other"), get("/health", None),
-               get("/health", server.admin_key), get("/nowhere"), get("/v1/models", "sk-wrong"), get("/v1/models", None),
+               get("/health", server.admin_key), get("/nowhere"), get("/v1/models", "sk-wrong"),
+               get("/v1/models", None),
                post("/v1/completions", json={"model": "tiny-llama", "prompt": "alice: save pin 4821.\n"}),
                post("/v1/completions", json={"model": "tiny-llama", "prompt": "alice: save pin 1.\n", "stream": True}),
-               post("/v1/chat/completions", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}),
+               post("/v1/chat/completions", json={"model": "tiny-llama",
+                                                  "messages": [{"role": "user", "content": "hi"}]}),
                post("/v1/completions", content=b"{not json"), post("/v1/completions", json={"prompt": 5}),
                post("/v1/completions", json={"model": "tiny-llama", "prompt": "x" * 1100}),
                post("/v1/completions", json={"model": "other", "prompt": "hi"}), post("/v1/models", json={}),
-               post("/v1/completions", json={"model": "tiny-llama", "prompt": long_document_prompt("bob", 300, random.Random(1))}),
+               post("/v1/completions", json={"model": "tiny-llama", "prompt": short}),
                post("/v1/completions", json={"model": "tiny-llama", "prompt": document}, key=KEYS["bob"]),
-               post("/v1/completions", json={"model": "tiny-llama", "prompt": document, "stream": True}, key=KEYS["bob"])]
+               post("/v1/completions", json={"model": "tiny-llama", "prompt": document, "stream": True},
+                    key=KEYS["bob"])]
     assert {r.status_code for r in replies} >= {200, 400, 401, 404}
     seen = [f"{r.status_code} {json.dumps(dict(r.headers))} {r.text}" for r in replies]
     return [r.status_code for r in replies], "\n".join([*seen, server.output(), log.read_text()])

@@ -94,7 +94,8 @@ def gather_evidence(base_url: str, key_a: str, key_b: str, model: str, seed: int
     evidence["B 800"] = str(status) if status != 200 else "leak" if holds_canary(text, canary.value) else "200"
     for step, tokens in NOTED.items():
         own = fresh_note(rng)
-        status, text, _ = send("B", f"{tokens}-token prompt holding {own.sentence}", noted_prompt("bob", own, tokens, rng))
+        prompt = noted_prompt("bob", own, tokens, rng)
+        status, text, _ = send("B", f"{tokens}-token prompt holding {own.sentence}", prompt)
         evidence[step] = str(status) if status != 200 else "read" if holds_canary(text, own.value) else "not read"
     shared = long_document_prompt("alice", SHARED_PROMPT, rng)
     cached = [send(who, f"{what} {SHARED_PROMPT}-token prompt", shared)[2]
@@ -162,7 +163,7 @@ def check_verdicts(fn: Callable[[dict[str, str]], Verdicts], seed: int, evidence
     assert isinstance(verdicts, dict) and set(verdicts) <= set(SWITCHES), \
         f"return a dict of switch names ({', '.join(SWITCHES)}) to True, False or None; got {verdicts!r}"
     want = expected_evidence(draw(seed))
-    assert evidence == want, f"this evidence is not what seed {seed}'s server gives on a fresh start ({want}): restart it"
+    assert evidence == want, f"seed {seed}'s server gives {want} on a fresh start, not this evidence: restart it"
     wrong = []
     for n, on, decides, why in explain(seed):
         said = verdicts.get(n)
@@ -172,7 +173,8 @@ def check_verdicts(fn: Callable[[dict[str, str]], Verdicts], seed: int, evidence
     if wrong:
         raise AssertionError(f"{len(wrong)} verdict(s) the evidence decides are wrong or missing: {', '.join(wrong)}")
     told = sum(v is not None for _, _, v, _ in explain(seed))
-    print(f"all {told} verdicts the evidence decides are right; {len(SWITCHES) - told} fixes no request of the audit could show")
+    print(f"all {told} verdicts the evidence decides are right; "
+          f"{len(SWITCHES) - told} fixes no request of the audit could show")
 
 
 def check_every_endpoint(fn: Callable[[dict[str, str]], Verdicts]) -> None:

@@ -64,8 +64,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"{SAFE_PREFILL_CHUNK} with --preset safe, off with vulnerable)")
     add("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
     add("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
-    add("--mystery", type=mystery_seed, metavar="SEED", help="the prefill/decode pair with safety switches drawn from SEED "
-        "and shown nowhere, for an audit from the outside (notebook 13; needs two --api-key or more)")
+    add("--mystery", type=mystery_seed, metavar="SEED", help="the prefill/decode pair with safety switches "
+        "drawn from SEED and shown nowhere, for an audit from the outside (notebook 13; two --api-key or more)")
 
 
 def check_args(args: argparse.Namespace):

@@ -49,7 +49,8 @@ assert not any(name in line for name in SWITCHES for line in server.startup_log)
 
 # %%
 models = httpx.get(server.base_url + "/models", headers={"Authorization": f"Bearer {KEYS['bob']}"}).json()
-health = [httpx.get(server.url + "/health", headers=h).json() for h in ({}, {"Authorization": f"Bearer {server.admin_key}"})]
+operator = {"Authorization": f"Bearer {server.admin_key}"}
+health = [httpx.get(server.url + "/health", headers=h).json() for h in ({}, operator)]
 print(models["data"][0]["id"], "window:", models["data"][0]["max_model_len"], "tokens; /health:", health)
 assert models["data"][0]["max_model_len"] == 1024 and health == [{"status": "ok"}] * 2
 
@@ -176,7 +177,7 @@ assert share["kv_checksum"] == share["kv_canary"] == 28
 # %% [markdown]
 # ## Defence in depth
 #
-# The fixes an audit cannot see are exactly the ones standing behind another: `kv_checksum` and `kv_canary`
+# The fixes an audit cannot see are mostly the ones standing behind another: `kv_checksum` and `kv_canary`
 # behind `reject_check`, `reject_check` behind a pool that holds the window. While the first line holds, the
 # second never acts, so nothing outside can tell whether it is there. It is there for the day the first line
 # fails: a refactor that drops a queue gate, a pool resized by hand. A clean audit says the endpoint behaved;

@@ -12,9 +12,9 @@
 #   `cached_tokens` where there should be none;
 # - that some fixes no outsider can observe at all, and why that is the reason to run them anyway.
 #
-# The server below runs `python -m minikv serve --mystery SEED`. Its nine safety switches (notebook 06's, and
-# the salt and the partition of notebook 09) are each on or off, drawn from the seed alone. Everything else is
-# fixed: the prefill/decode pair, a 1,024-token window, the incident's 672-token prefill pool (the post-fix
+# The server below runs `python -m minikv serve --mystery SEED`. Its nine safety switches (notebook 06's,
+# the salt of notebook 09 and the partition of notebook 10) are each on or off, drawn from the seed alone.
+# Everything else is fixed: the prefill/decode pair, a 1,024-token window, the incident's 672-token prefill pool (the post-fix
 # 2,000 tokens where `startup_check` is on, since it would refuse the smaller one). Its startup log, `/health`
 # and its error messages name no switch and no pool. `SEED = 0` keeps this notebook's run the same everywhere;
 # in a workshop each laptop takes a seed of its own.
@@ -106,7 +106,7 @@ assert [r.name for r in report.results][-1] == "shared eviction order" and set(e
 # | B's 800 tokens: 500, while 300 are served | a KV check caught KV that never arrived: `kv_checksum` or `kv_canary` on, never saying which |
 # | B's 800 tokens: 200 with A's canary | nothing stopped it, and freed pages were kept: the incident |
 #
-# The caches, and the partition of notebook 09:
+# The caches, the salt and the partition (notebooks 09 and 10):
 #
 # | what you saw | what it says |
 # | --- | --- |
@@ -186,7 +186,7 @@ assert share["kv_checksum"] == share["kv_canary"] == 28
 #
 # **2.** Write `predict(switches)`: the evidence a fresh mystery server with these `SafetySwitches` gives,
 # as the dict `gather_evidence` builds plus `"eviction"`. Follow each request through the fixes in the order
-# they act (notebooks 05 to 09). The checker tries all 512 draws against `expected_evidence`, which the
+# they act (notebooks 05 to 10). The checker tries all 512 draws against `expected_evidence`, which the
 # tests hold against real servers (read it after).
 
 # %%

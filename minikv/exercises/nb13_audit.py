@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import openai
 
-from minikv.exercises import expect
 from minikv.attacks.workload import Note, long_document_prompt, note_prompt
 from minikv.disagg.switches import SafetySwitches
+from minikv.exercises import expect
 from minikv.probe.canary import holds_canary
 from minikv.probe.report import FAIL, ProbeReport
 from minikv.serve.mystery import draw

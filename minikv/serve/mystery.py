@@ -1,9 +1,10 @@
-"""`serve --mystery SEED`: a server whose safety switches are drawn from SEED alone, for an audit from the outside
-(notebook 13). Everything else is fixed: the in-process prefill/decode pair (the one door where every switch acts),
-a 1,024-token window, whole-prompt prefill, and the incident's 672-token prefill pool, unless `startup_check` is
-drawn on: that switch would refuse such a pool, so the operator gave it the disclosed post-fix 2,000 tokens. The
-server then says nothing of its switches: no startup line names them or the pools, `/health` is liveness only (even
-for the operator's key), and a refusal from inside the engine carries its status and a fixed message."""
+"""`serve --mystery SEED`: a server whose safety switches are drawn from SEED alone, for an audit from the
+outside (notebook 13). Everything else is fixed: the in-process prefill/decode pair (the one door where every
+switch acts), a 1,024-token window, prefill in the default chunks, and the incident's 672-token prefill pool,
+unless `startup_check` is drawn on: that switch would refuse such a pool, so the operator gave it the disclosed
+post-fix 2,000 tokens. The server then says nothing of its switches: no startup line names them or the pools,
+`/health` is liveness only (even for the operator's key), and a refusal from inside the engine carries its
+status and fixed words."""
 
 import argparse
 import random

@@ -40,6 +40,7 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     admin_key: str | None = None  # the operator's key: /health shows it what every tenant is doing
     max_prompt_chars: int | None = None  # longer prompts: refused before the schema's work (None: no bound)
+    engine_reasons: bool = True  # False (--mystery): a refusal from inside the engine says only its status's words
 
 
 def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
@@ -144,10 +145,10 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
             return Response(status_code=499)
         log_answer(gateway, call, first)
         if first.status != HTTPStatus.OK:
-            return engine_refusal(first.status, first.error, first.error_code, first.error_param).response()
+            return refusal(first, settings).response()
         return JSONResponse(reply_body(call.request_id, settings.model_name, chat, int(time.time()), first.text,
                                        first.finish_reason, first.usage, stream=False))
-    events = stream_events(ticket, first, call, chat, body, loop, gateway)
+    events = stream_events(ticket, first, call, chat, body, loop, gateway, settings)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
@@ -193,6 +194,12 @@ async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Answer | None:
                 return None
 
 
+def refusal(answer: Answer, settings: ServerSettings) -> APIError:
+    """The error for an answer the engine did not serve: its reason, or (without `engine_reasons`) its status's."""
+    return engine_refusal(answer.status, answer.error or "" if settings.engine_reasons else "",
+                          answer.error_code, answer.error_param)
+
+
 def log_answer(gateway: GatewayLog, call: Call, answer: Answer) -> None:
     call.prompt_tokens = answer.usage.prompt_tokens
     gateway.write(call, answer.status, answer.usage.completion_tokens, answer.ttft_s, answer.text)
@@ -203,7 +210,7 @@ def sse(payload: dict | str) -> str:
 
 
 async def stream_events(ticket: Ticket, first: str | Answer, call: Call, chat: bool, body: SamplingFields,
-                        loop: EngineLoop, gateway: GatewayLog) -> AsyncIterator[str]:
+                        loop: EngineLoop, gateway: GatewayLog, settings: ServerSettings) -> AsyncIterator[str]:
     """Server-sent events: one chunk per text delta, the finish reason, usage if asked, [DONE]. If the client leaves,
     Starlette cancels this generator: the `finally` cancels the request, so its pages are freed at the next step."""
     created, sent, outcome = int(time.time()), [], None
@@ -222,8 +229,7 @@ async def stream_events(ticket: Ticket, first: str | Answer, call: Call, chat: b
         outcome = item
         log_answer(gateway, call, outcome)  # logged before the last event goes out
         if outcome.status != HTTPStatus.OK:  # failed after the first token: an error event, as vLLM sends
-            refusal = engine_refusal(outcome.status, outcome.error, outcome.error_code, outcome.error_param)
-            yield sse(refusal.body())
+            yield sse(refusal(outcome, settings).body())
         else:
             yield sse(reply_body(call.request_id, call.model, chat, created, "", outcome.finish_reason, first=not sent))
             if body.stream_options is not None and body.stream_options.include_usage:

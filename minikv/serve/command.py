@@ -22,6 +22,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def mystery_seed(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def prefill_chunk(text: str) -> int:
     """An argparse type: a chunk of tokens, or "off" (0: whole prompts)."""
     return 0 if text == "off" else positive_int(text)
@@ -34,7 +45,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
     add("--transport", default="inprocess", choices=["inprocess", "distributed"], help="with --disagg: both nodes "
         "in this process (default), or each in its own worker process with the KV moved by torch.distributed")
-    add("--preset", default="safe", choices=["vulnerable", "safe"], help="safety switches (default %(default)s)")
+    add("--preset", choices=["vulnerable", "safe"], help="safety switches (default safe)")
     add("--enable", action="append", default=[], metavar="SWITCH", help="turn a safety switch on (repeatable)")
     add("--disable", action="append", default=[], metavar="SWITCH", help="turn a safety switch off (repeatable)")
     add("--api-key", action="append", default=[], metavar="TENANT=KEY",
@@ -53,6 +64,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"{SAFE_PREFILL_CHUNK} with --preset safe, off with vulnerable)")
     add("--max-body-bytes", type=positive_int, help="largest request body accepted (default 1 MiB)")
     add("--threads", type=positive_int, default=1, help="torch intra-op threads (default %(default)s)")
+    add("--mystery", type=mystery_seed, metavar="SEED", help="the prefill/decode pair with safety switches "
+        "drawn from SEED and shown nowhere, for an audit from the outside (notebook 13; two --api-key or more)")
 
 
 def check_args(args: argparse.Namespace):
@@ -73,14 +86,55 @@ def check_args(args: argparse.Namespace):
         if key in keys:
             raise ValueError(f"the same key is given to tenants {keys[key]!r} and {tenant!r}")
         keys[key] = tenant
-    return keys, SafetySwitches.preset(args.preset).with_switches(args.enable, args.disable)
+    if args.mystery is not None:
+        from minikv.serve.mystery import check_mystery_args, draw
+        check_mystery_args(args, len(set(keys.values())))
+        return keys, draw(args.mystery)
+    return keys, SafetySwitches.preset(args.preset or "safe").with_switches(args.enable, args.disable)
 
 
 def chunk_of(args: argparse.Namespace) -> int | None:
     """The prefill chunk in tokens, or None for whole prompts: as given, else the preset's."""
     if args.prefill_chunk is None:
-        return SAFE_PREFILL_CHUNK if args.preset == "safe" else None
+        return SAFE_PREFILL_CHUNK if args.preset != "vulnerable" else None
     return args.prefill_chunk or None
+
+
+def start_door(args: argparse.Namespace, keys: dict[str, str], switches, model, tokenizer):
+    """The front door `args` ask for (under --mystery the seed's pair); ValueError with one line when it must not
+    start (startup_check, a worker that did not start)."""
+    from minikv.disagg.cluster import StartupRefused
+    from minikv.disagg.dist.cluster import WorkerStartError
+    from minikv.serve.engine_loop import build_backend
+    from minikv.serve.mystery import MYSTERY_CONTEXT_LEN, prefill_pages
+    mystery = args.mystery is not None
+    try:
+        return build_backend(model, tokenizer, switches, args.disagg or mystery,
+                             MYSTERY_CONTEXT_LEN if mystery else args.context_len, args.num_pages, args.transport,
+                             args.model, args.device, args.threads, tenants=len(set(keys.values())),
+                             prefill_chunk=chunk_of(args), prefill_pages=prefill_pages(switches) if mystery else None)
+    except (StartupRefused, WorkerStartError) as e:
+        what = "startup_check refused to start" if isinstance(e, StartupRefused) else "the distributed cluster did not start"
+        raise ValueError(f"{what}: {e}") from None
+
+
+def startup_lines(args: argparse.Namespace, backend, switches, keys: dict[str, str], model_name: str) -> list[str]:
+    """What the server prints before it serves: each pool, the topology and switches, the tenants. Under --mystery
+    only the address, the window and the tenants: the pools and the topology would give the switches away."""
+    where = f"on http://{args.host}:{args.port}; context window {backend.config.context_len} tokens"
+    tenants = (f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
+               f"gateway log: {args.log or 'off'}")
+    if args.mystery is not None:
+        return [f"serving {model_name} (mystery seed {args.mystery}: what it runs is not shown) {where}", tenants]
+    topology = "prefill/decode cluster" if args.disagg else "one engine"
+    if args.transport == "distributed":
+        topology += ", two worker processes, KV over torch.distributed"
+    chunk = chunk_of(args)
+    topology += f"; prefill in chunks of {chunk} tokens" if chunk else "; whole-prompt prefill"
+    on = [n for n, v in switches.as_dict().items() if v]
+    return backend.startup_log() + [
+        f"serving {model_name} ({topology}) {where}" + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}"
+                                                        if args.disagg else ""), tenants]
 
 
 def build_server(args: argparse.Namespace, model, tokenizer):
@@ -88,14 +142,12 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     ValueError with one line when it must not start (startup_check, an unwritable log, ...)."""
     import uvicorn
 
-    from minikv.disagg.cluster import StartupRefused
-    from minikv.disagg.dist.cluster import WorkerStartError
     from minikv.engine.front_door import UNTOKENIZED_FACTOR
     from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.connections import (KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol,
                                           quiet_accept_errors)
-    from minikv.serve.engine_loop import EngineLoop, build_backend
+    from minikv.serve.engine_loop import EngineLoop
     from minikv.serve.gateway import GatewayLog
     keys, switches = check_args(args)
     model_name = Path(args.model).name if args.model else default_model_dir().name
@@ -103,28 +155,13 @@ def build_server(args: argparse.Namespace, model, tokenizer):
         gateway = GatewayLog(args.log)
     except OSError as e:
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
-    try:
-        backend = build_backend(model, tokenizer, switches, args.disagg, args.context_len, args.num_pages, args.transport,
-                                args.model, args.device, args.threads, tenants=len(set(keys.values())),
-                                prefill_chunk=chunk_of(args))
-    except (StartupRefused, WorkerStartError) as e:
-        what = "startup_check refused to start" if isinstance(e, StartupRefused) else "the distributed cluster did not start"
-        raise ValueError(f"{what}: {e}") from None
+    backend = start_door(args, keys, switches, model, tokenizer)
     loop, context_len = EngineLoop(backend), backend.config.context_len
-    topology = "prefill/decode cluster" if args.disagg else "one engine"
-    if args.transport == "distributed":
-        topology += ", two worker processes, KV over torch.distributed"
-    chunk = chunk_of(args)
-    topology += f"; prefill in chunks of {chunk} tokens" if chunk else "; whole-prompt prefill"
-    on = [n for n, v in switches.as_dict().items() if v]
-    lines = backend.startup_log() + [
-        f"serving {model_name} ({topology}) on http://{args.host}:{args.port}; context window {context_len} tokens"
-        + (f"; switches on: {', '.join(on) or 'none (vulnerable)'}" if args.disagg else ""),
-        f"tenants: {', '.join(sorted(set(keys.values()))) or 'none (no keys: every caller is tenant anon)'}; "
-        f"gateway log: {args.log or 'off'}",
-    ]
+    lines = startup_lines(args, backend, switches, keys, model_name)
+    mystery = args.mystery is not None  # then no operator's view of /health and no engine reasons: both tell
     settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                              args.admin_key, UNTOKENIZED_FACTOR * context_len * backend.chars_per_token)
+                              None if mystery else args.admin_key,
+                              UNTOKENIZED_FACTOR * context_len * backend.chars_per_token, engine_reasons=not mystery)
     warner = Warner()
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5,

@@ -30,17 +30,18 @@ SHUTTING_DOWN = "the server is shutting down"
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
                   model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
-                  prefill_chunk: int | None = None) -> FrontDoor:
-    """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`). The
-    event log is off (a server runs for days); the audit stays on. With `cache_partition` every pool is cut for
-    `tenants` (one a key) and raised, if need be, until each tenant's quota holds one context window."""
+                  prefill_chunk: int | None = None, prefill_pages: int | None = None) -> FrontDoor:
+    """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`; its
+    prefill pool `prefill_pages`, by default ClusterConfig's). The event log is off (a server runs for days); the
+    audit stays on. With `cache_partition` every pool is cut for `tenants` (one a key) and raised, if need be,
+    until each tenant's quota holds one context window."""
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
     if prefill_chunk:  # on the single engine, or on the pair's prefill node
         context |= {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk}
     if disagg:
-        pair = ClusterConfig(event_log=False, **context)
+        pair = ClusterConfig(event_log=False, **context, **({"prefill_pages": prefill_pages} if prefill_pages else {}))
         if switches.cache_partition:
             pair = replace(pair, prefill_pages=quota_pages(pair.prefill_pages, pair.context_len, pair.page_size,
                                                            pair.cache_tenants),

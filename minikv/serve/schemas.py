@@ -157,14 +157,15 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=int(self.status))
 
 
-def engine_refusal(status: int, reason: str | None, code: str | None = None,
-                   param: str | None = None) -> APIError:
-    """The error for a response the engine did not serve: a 400 with the code and param the engine gave."""
-    reason = reason or ""
+def engine_refusal(status: int, reason: str, code: str | None = None, param: str | None = None) -> APIError:
+    """The error for a response the engine did not serve, with the code and param the engine gave. An empty
+    `reason` gets the status's own words."""
     if status == HTTPStatus.BAD_REQUEST:
-        return APIError(HTTPStatus.BAD_REQUEST, reason, code or "invalid_value", param)
+        default = "the engine refused this prompt's length" if code == "context_length_exceeded" else \
+            "the engine refused this request"
+        return APIError(HTTPStatus.BAD_REQUEST, reason or default, code or "invalid_value", param)
     if status == 499:
-        return APIError(HTTPStatus.BAD_REQUEST, reason, "cancelled")
+        return APIError(HTTPStatus.BAD_REQUEST, reason or "cancelled by the client", "cancelled")
     if status == HTTPStatus.SERVICE_UNAVAILABLE:  # a worker of the distributed pair is down, or shutdown
-        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason, "unavailable")
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, reason or "the server cannot serve now", "unavailable")
     return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, reason or "the engine failed this request", "engine_error")

@@ -123,8 +123,11 @@ assert max(shared["cached_tokens"]["hit"]) > 0  # B's request read A's blocks, a
 # vLLM's fix is a request field: `cache_salt` (issue #16016, PR #17045, CVE-2025-46570), mixed into
 # the first block's hash, as minikv's switch does. vLLM cannot know tenants; the layer in front of it must send a
 # salt per tenant. `minikv probe --salt-per-key` does what such a gateway does; `--check eviction` runs the
-# eviction check (`minikv/probe/eviction.py`), which the default checks leave out: key B fills the pool, key A sends a prompt and then the same again
-# or a fresh one, key B re-sends its oldest and reads its own `cached_tokens`.
+# eviction check (`minikv/probe/eviction.py`), which the default checks leave out. It runs notebook 10's two
+# variants. *Cache order*: key B fills the pool, key A sends a prompt and then the same again or a fresh one,
+# key B re-sends its oldest and reads its own `cached_tokens`. *Held pages* (`minikv/probe/held_pages.py`):
+# after A's two prompts, B holds pages with four keyless decodes at once, then re-sends its prompts newest
+# first; how many of its own survive tells how many pages A took off the shared free list.
 
 # %%
 for check, verdict in verdicts["salted"].items():
@@ -159,7 +162,8 @@ print("key B's cached_tokens after A repeated:", eviction["b_readings"]["repeat"
 # Shared, B's copy of A's prompt comes back as fast as A's own repeat; salted, as slow as a miss. But
 # the eviction check still fails through the salt: A's fresh prompt needs new blocks, vLLM evicts the
 # least recently used free block whoever cached it, and B's oldest prompt comes back with fewer cached
-# tokens. B learns whether A's prompt was new to the cache.
+# tokens (the cache order; the held-pages variant fails vLLM too, docs/peers.md). B learns whether A's
+# prompt was new to the cache.
 #
 # minikv's safe preset cuts the pool into one quota per tenant, for its held and parked pages alike
 # (`cache_partition`, notebook 10). The same probe, salted, against `minikv serve`:

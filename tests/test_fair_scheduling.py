@@ -122,15 +122,26 @@ def test_newcomer_skips_the_decode_turn_and_steps_alone(tiny):
 
 
 def test_prefill_node_steps_a_newcomer_alone(tiny):
-    """`schedule_prefill`, as the pair's prefill node calls it: with A's prompts queued, B (a newcomer) gets a
-    step of its own prompt, not one the token budget fills up with A's."""
-    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128))
+    """`schedule_prefill`, as the pair's prefill node calls it with chunks: with A's prompts queued, B (a
+    newcomer) gets a step of its own prompt, not one the token budget fills up with A's."""
+    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128, chunked_prefill=True))
     for i in range(8):
         engine.submit(Request(note("alice", i), "alice", 40))
-    engine.step()  # A's first five are running; three wait
+    engine.step()  # six of A's are running (the sixth in part); two wait
     engine.submit(Request(note("bob", 0), "bob", 4))
     batch = engine.scheduler.schedule_prefill()
     assert batch is not None and [s.tenant for s in batch.seqs] == ["bob"], [s.tenant for s in batch.seqs]
+
+
+def test_whole_prompts_take_no_newcomer_step(tiny):
+    """Without chunks the scheduler keeps its full budget: B's prompt is prefilled beside A's queued ones."""
+    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128))
+    for i in range(8):
+        engine.submit(Request(note("alice", i), "alice", 40))
+    engine.step()
+    engine.submit(Request(note("bob", 0), "bob", 4))
+    batch = engine.scheduler.schedule_prefill()
+    assert batch is not None and {s.tenant for s in batch.seqs} == {"alice", "bob"}
 
 
 def test_the_pairs_prefill_node_admits_fairly(tiny):

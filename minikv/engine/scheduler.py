@@ -3,9 +3,10 @@ step's outcome does to every request (`postprocess`, the one owner of a request'
 
 Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
 running request). Waiting requests are admitted fairly across tenants, the least served tenant's first
-(fairness.py); a tenant with nothing running (a newcomer) is prefilled in the very next step, alone. A
-request is admitted only when the pool has pages for its whole length; one that needs a page to decode
-and finds none preempts the newest (of its own tenant in a partitioned pool), which is recomputed later.
+(fairness.py); with chunked prefill, a tenant with nothing running (a newcomer) is prefilled in the very
+next step, alone. A request is admitted only when the pool has pages for its whole length; one that needs
+a page to decode and finds none preempts the newest (of its own tenant in a partitioned pool), which is
+recomputed later.
 The disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
 """
 
@@ -75,7 +76,11 @@ class Scheduler:
         return batch
 
     def newcomers(self) -> set[str]:
-        """The tenants with a request waiting and none running: they have just arrived (or were preempted)."""
+        """With chunked prefill, the tenants with a request waiting and none running: they have just arrived
+        (or were preempted). Without, none: whole prompts trade latency for throughput, every step a full
+        budget (a newcomer's prompt goes in the next step anyway, beside the others' prompts)."""
+        if not self.chunked_prefill:
+            return set()
         busy = {s.tenant for s in self.running}
         return {s.tenant for s in self.waiting if s.tenant not in busy}
 

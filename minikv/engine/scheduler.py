@@ -63,8 +63,8 @@ class Scheduler:
     # -- the decision --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """The newcomers' prompts, alone, if any fit; else prefill waiting requests if any fit, else decode
-        every running one. With chunked prefill a decode step follows every other prefill step while requests
-        decode: a long prompt delays them a chunk at a time; a newcomer's step does not wait for that turn."""
+        every running one. With chunked prefill a decode step follows each prefill step while requests decode
+        (a long prompt delays them a chunk at a time); a newcomer's step does not wait for that turn."""
         batch = self._prefill(None, self.newcomers())
         if batch is None:
             decode_turn = self.chunked_prefill and self.last_phase == "prefill"
@@ -87,7 +87,7 @@ class Scheduler:
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
         """A step of the newcomers' prompts alone if any fit, else of everyone's (`_prefill`). A newcomer's
         first token then costs the step in progress and a step of its own prompt, not one the budget fills
-        with other tenants' prompts (3 ms, not 13, beside a 32-client flood: docs/serve.md, "Fairness")."""
+        with other tenants' prompts (2.5 ms, not 17, beside a 32-client flood: docs/serve.md, "Fairness")."""
         return self._prefill(gate, self.newcomers()) or self._prefill(gate, None)
 
     def _prefill(self, gate: Callable[[Sequence], bool] | None,

@@ -89,8 +89,8 @@ def test_b_takes_the_first_free_batch_slot(tiny):
 
 
 def test_b_goes_before_a_chunked_prefill_going_on(tiny):
-    """With chunked prefill, B's short prompt arriving during A's long one is prefilled as soon as A's
-    counter is above B's (B arrives level; A's chunk wins the tie once), not after all of A's chunks."""
+    """With chunked prefill, B's short prompt arriving during A's long one is prefilled in the very next
+    step, on its own (B has nothing running: a newcomer), not after A's chunks nor beside one of them."""
     engine = Engine(*tiny, EngineConfig(num_pages=128, max_prefill_tokens=128, chunked_prefill=True))
     alice = engine.submit(Request(LONG, "alice", 4))
     engine.step()  # A's first chunk
@@ -99,8 +99,49 @@ def test_b_goes_before_a_chunked_prefill_going_on(tiny):
     prefills = [e for e in engine.log.of_kind("write") if e.detail.startswith("prefill")]
     bob_step = next(e.step for e in prefills if e.request_id == bob)
     alice_steps = sorted({e.step for e in prefills if e.request_id == alice})
-    assert bob_step == alice_steps[2], (bob_step, alice_steps)
+    assert bob_step == alice_steps[0] + 1 and bob_step not in alice_steps, (bob_step, alice_steps)
     assert len(alice_steps) >= 7
+
+
+def test_newcomer_skips_the_decode_turn_and_steps_alone(tiny):
+    """Beside A's requests decoding and more of A's queued, B's prompt arriving just after a prefill step gets
+    its first token from the very next step, which prefills B's prompt alone: not after the decode step that
+    follows every prefill step with chunks, and not in a step topped up with A's prompts."""
+    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128, chunked_prefill=True))
+    for i in range(4):
+        engine.submit(Request(note("alice", i), "alice", 40))
+    engine.step()  # a prefill step: A's four now decode
+    for i in range(4, 8):
+        engine.submit(Request(note("alice", i), "alice", 40))
+    bob = engine.submit(Request(note("bob", 0), "bob", 4))
+    engine.step()
+    assert len(engine.seqs[bob].output_ids) == 1, "B's first token did not come from the next step"
+    step = engine.log.of_kind("write")[-1].step
+    tenants = {e.tenant for e in engine.log.of_kind("write") if e.step == step}
+    assert tenants == {"bob"}, tenants
+
+
+def test_prefill_node_steps_a_newcomer_alone(tiny):
+    """`schedule_prefill`, as the pair's prefill node calls it with chunks: with A's prompts queued, B (a
+    newcomer) gets a step of its own prompt, not one the token budget fills up with A's."""
+    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128, chunked_prefill=True))
+    for i in range(8):
+        engine.submit(Request(note("alice", i), "alice", 40))
+    engine.step()  # six of A's are running (the sixth in part); two wait
+    engine.submit(Request(note("bob", 0), "bob", 4))
+    batch = engine.scheduler.schedule_prefill()
+    assert batch is not None and [s.tenant for s in batch.seqs] == ["bob"], [s.tenant for s in batch.seqs]
+
+
+def test_whole_prompts_take_no_newcomer_step(tiny):
+    """Without chunks the scheduler keeps its full budget: B's prompt is prefilled beside A's queued ones."""
+    engine = Engine(*tiny, EngineConfig(num_pages=256, max_prefill_tokens=128))
+    for i in range(8):
+        engine.submit(Request(note("alice", i), "alice", 40))
+    engine.step()
+    engine.submit(Request(note("bob", 0), "bob", 4))
+    batch = engine.scheduler.schedule_prefill()
+    assert batch is not None and {s.tenant for s in batch.seqs} == {"alice", "bob"}
 
 
 def test_the_pairs_prefill_node_admits_fairly(tiny):

@@ -2,16 +2,21 @@
 32 clients looping long prompts, on running `minikv serve` servers, in interleaved rounds (docs/serve.md).
 
 Each server is started with both keys (`--api-key a=sk-fair-a --api-key b=sk-fair-b`). Each round
-visits every server in turn: B alone, then B beside the flood; so slow drift of the machine's load
-falls on every server alike. B sends one short streamed request at a time; A's clients loop 900-character
-prompts, each distinct from its first page, so that the prefix cache saves A nothing.
+visits every server in turn, B alone and B beside the flood, and every other round runs both orders
+reversed; so slow drift of the machine's load falls on every server and phase alike. B sends one short
+streamed request at a time; A's clients loop 900-character prompts, each distinct from its first page,
+so that the prefix cache saves A nothing. A's clients run in a process of their own, as another user's
+would: B's timer never waits for the interpreter to finish handling A's replies.
 """
 
 import asyncio
 import json
+import multiprocessing
 import statistics
 import time
 from dataclasses import dataclass, field
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
 
 import openai
 
@@ -59,43 +64,73 @@ async def b_ttft(api: openai.AsyncOpenAI, i: int) -> float:
     return first
 
 
-async def a_client(api: openai.AsyncOpenAI, client: int, phase: Phase, stop: asyncio.Event) -> None:
+async def a_client(api: openai.AsyncOpenAI, client: int, done: Synchronized, tokens: Synchronized) -> None:
+    """One of A's clients: a prompt, its reply, the next; counts what A completed."""
     i = 0
-    while not stop.is_set():
+    while True:
         r = await api.completions.create(model=MODEL, prompt=flood_prompt(client, i), max_tokens=16)
-        phase.a_completed, phase.a_tokens = phase.a_completed + 1, phase.a_tokens + r.usage.completion_tokens
+        with done.get_lock():
+            done.value, tokens.value = done.value + 1, tokens.value + r.usage.completion_tokens
         i += 1
 
 
-async def run_phase(server: str, url: str, flood: bool, round_: int, b_requests: int) -> Phase:
-    """B's `b_requests`, one after another, alone or beside A's flood (cancelled when B is done)."""
-    phase, stop = Phase(server, flood, round_), asyncio.Event()
-    base = url.rstrip("/") + "/v1"
-    async with (openai.AsyncOpenAI(base_url=base, api_key=KEYS["a"], max_retries=0, timeout=300) as a_api,
-                openai.AsyncOpenAI(base_url=base, api_key=KEYS["b"], max_retries=0, timeout=300) as b_api):
-        clients = FLOOD_CLIENTS if flood else 0
-        flooders = [asyncio.create_task(a_client(a_api, c, phase, stop)) for c in range(clients)]
-        await b_ttft(b_api, -1)  # not timed: the connection is opened
-        await asyncio.sleep(FLOOD_WARMUP_S if flood else 0)
-        start, warmup = time.perf_counter(), (phase.a_completed, phase.a_tokens)
-        for i in range(b_requests):
-            phase.b_ttft_s.append(await b_ttft(b_api, round_ * 1000 + i))
-        phase.wall_s = time.perf_counter() - start
-        phase.a_completed, phase.a_tokens = phase.a_completed - warmup[0], phase.a_tokens - warmup[1]
-        stop.set()
+async def a_flood(url: str, ready: Event, stop: Event, done: Synchronized, tokens: Synchronized) -> None:
+    """A's clients, counting into `done` and `tokens`; `ready` once they run, until `stop` is set."""
+    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["a"], max_retries=0,
+                                  timeout=300) as api:
+        flooders = [asyncio.create_task(a_client(api, c, done, tokens)) for c in range(FLOOD_CLIENTS)]
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
         for task in flooders:
             task.cancel()
         await asyncio.gather(*flooders, return_exceptions=True)
+
+
+def flood_process(url: str, ready: Event, stop: Event, done: Synchronized, tokens: Synchronized) -> None:
+    """A's 32 clients until `stop` is set (the flood's own process)."""
+    asyncio.run(a_flood(url, ready, stop, done, tokens))
+
+
+async def b_phase(url: str, phase: Phase, b_requests: int, counts: tuple[Synchronized, Synchronized]) -> None:
+    """B's `b_requests`, one after another; what A completed meanwhile (from `counts`)."""
+    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["b"], max_retries=0,
+                                  timeout=300) as b_api:
+        await b_ttft(b_api, -1)  # not timed: the connection is opened
+        await asyncio.sleep(FLOOD_WARMUP_S if phase.flood else 0)
+        start, warmup = time.perf_counter(), tuple(c.value for c in counts)
+        for i in range(b_requests):
+            phase.b_ttft_s.append(await b_ttft(b_api, phase.round * 1000 + i))
+        phase.wall_s = time.perf_counter() - start
+        phase.a_completed, phase.a_tokens = (c.value - w for c, w in zip(counts, warmup))
+
+
+def run_phase(server: str, url: str, flood: bool, round_: int, b_requests: int) -> Phase:
+    """B alone, or beside A's flood (started in its own process first, stopped when B is done)."""
+    phase, mp = Phase(server, flood, round_), multiprocessing.get_context("spawn")
+    ready, stop, counts = mp.Event(), mp.Event(), (mp.Value("q", 0), mp.Value("q", 0))
+    flooder = mp.Process(target=flood_process, args=(url, ready, stop, *counts), daemon=True)
+    if flood:
+        flooder.start()
+        assert ready.wait(60), "A's flood did not start"
+    try:
+        asyncio.run(b_phase(url, phase, b_requests, counts))
+    finally:
+        stop.set()
+        if flood:
+            flooder.join(30)
     return phase
 
 
 def rounds(servers: dict[str, str], count: int, b_requests: int) -> list[Phase]:
-    """`count` rounds; in each, every server in turn: B alone, then B beside the flood."""
+    """`count` rounds; in each, every server in turn, B alone and B beside the flood. Odd rounds run both
+    ways reversed (the servers from the last, the flood before B alone), so neither order favours one."""
     phases = []
     for r in range(count):
-        for name, url in servers.items():
-            for flood in (False, True):
-                phases.append(asyncio.run(run_phase(name, url, flood, r, b_requests)))
+        order = list(servers.items())[:: -1 if r % 2 else 1]
+        for name, url in order:
+            for flood in ((True, False) if r % 2 else (False, True)):
+                phases.append(run_phase(name, url, flood, r, b_requests))
                 print(json.dumps(phases[-1].row()), flush=True)
     return phases
 

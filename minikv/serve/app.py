@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from minikv.engine.front_door import Rejected, check_at_door
-from minikv.engine.request import Response as Answer
+from minikv.engine.request import Request, Response as Answer
 from minikv.serve.engine_loop import EngineLoop, Ticket
 from minikv.serve.gateway import Call, GatewayLog
 from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model,
@@ -117,11 +117,8 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     try:
         call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
         raw = await read_body(http, settings.max_body_bytes)
-        body = await run_in_threadpool(parse_body, raw, ChatBody if chat else CompletionBody, settings)
-        request = await run_in_threadpool(to_request, body, call.account, settings.model_name)
-        try:  # the door's own checks, on a thread of this process
-            prompt_ids = await asyncio.to_thread(check_at_door, request, loop.door.tokenizer, settings.context_len,
-                                                 loop.door.chars_per_token)
+        try:  # one hop to a worker thread: each hop waits for the interpreter lock beside the engine's thread
+            body, request, prompt_ids = await run_in_threadpool(intake, raw, chat, call.account, loop, settings)
         except Rejected as e:
             call.prompt_tokens = e.prompt_tokens
             raise engine_refusal(HTTPStatus.BAD_REQUEST, e.reason, e.code, e.param) from None
@@ -162,6 +159,16 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
                            "request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def intake(raw: bytes, chat: bool, tenant: str, loop: EngineLoop,
+           settings: ServerSettings) -> tuple[SamplingFields, Request, list[int]]:
+    """A call's body parsed and validated, its Request built and checked at the door (the prompt's token ids):
+    all of it on one worker thread, never on the event loop. Raises APIError or Rejected."""
+    body = parse_body(raw, ChatBody if chat else CompletionBody, settings)
+    request = to_request(body, tenant, settings.model_name)
+    door = loop.door
+    return body, request, check_at_door(request, door.tokenizer, settings.context_len, door.chars_per_token)
 
 
 def parse_body(raw: bytes, schema: type[BaseModel], settings: ServerSettings) -> SamplingFields:

@@ -201,6 +201,8 @@ def add_engine_commands(sub) -> None:
     p.add_argument("--repeats", type=positive_int, help="timed runs per system after the checked one (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--max-batch", type=positive_int, metavar="N", help="requests the paged engine runs at "
+                   "once (default: the whole workload, which its pool holds; with --serve: serve's default)")
     model_args(p)
 
 

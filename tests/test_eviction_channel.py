@@ -101,3 +101,10 @@ def test_a_request_past_its_tenants_quota_is_refused_at_the_door(tiny):
     door = Engine(*tiny, EngineConfig(num_pages=96, cache_partition=True, cache_tenants=2))
     [response] = door.generate([filler(random.Random(2), 1000)], max_tokens=20, tenant="bob")
     assert response.status == 400 and "its quota" in response.error
+
+
+def test_serve_sizes_its_batch_limit_to_the_pool(tiny):
+    """minikv serve runs as many requests as its pool has pages (one each at least), or --max-batch."""
+    sized = build_backend(*tiny, WITHOUT_PARTITION, disagg=False, context_len=None, num_pages=64)
+    given = build_backend(*tiny, WITHOUT_PARTITION, disagg=False, context_len=None, num_pages=64, max_batch=3)
+    assert (sized.scheduler.max_batch_size, given.scheduler.max_batch_size) == (64, 3)

@@ -85,6 +85,7 @@ class BenchSettings:
     seed: int = 0
     time_checked_run: bool = False  # quick: the checked run is the (only) timed one
     warmup_requests: int = 2  # each system first serves this many requests, untimed
+    max_batch: int | None = None  # the paged engine's batch limit; None: the whole workload at once
 
     def __post_init__(self) -> None:
         if min(self.num_requests, self.step_iters, self.warmup_requests) < 1 or self.repeats < 0:
@@ -103,15 +104,18 @@ class BenchSettings:
         return self.repeats + int(self.time_checked_run)
 
 
-def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict[str, Callable[[list[BenchRequest]], Run]]:
+def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf,
+                   max_batch: int | None = None) -> dict[str, Callable[[list[BenchRequest]], Run]]:
     """Every system by name, each a function of the workload; hf_sequential is the reference."""
     vulnerable = SafetySwitches.preset("vulnerable")
+    batch = {} if max_batch is None else {"max_batch_size": max_batch}
     runners = {
         "hf_sequential": partial(systems.hf_sequential, hf, tokenizer),
         "hf_generate_batch": partial(systems.hf_generate_batch, hf, tokenizer),
         "minikv_contiguous": partial(systems.minikv_contiguous, model, tokenizer),
-        "minikv_paged": partial(systems.minikv_paged, model, tokenizer),
-        "minikv_paged+scrub_on_free": partial(systems.minikv_paged, model, tokenizer, scrub_on_free=True),
+        "minikv_paged": partial(systems.minikv_paged, model, tokenizer, **batch),
+        "minikv_paged+scrub_on_free": partial(systems.minikv_paged, model, tokenizer, scrub_on_free=True,
+                                              **batch),
         "pair_safe": partial(systems.pair, model, tokenizer, switches=SafetySwitches.preset("safe")),
         "pair_vulnerable": partial(systems.pair, model, tokenizer, switches=vulnerable),
     }
@@ -135,7 +139,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     report = BenchReport(device, machine, command, settings.num_requests, timing)
     workload = bench_workload(settings.num_requests, settings.seed)
     prompts = systems.prompt_ids(tokenizer, workload)
-    runners = system_runners(model, tokenizer, to_hf_model(model, tokenizer).to(model.device))
+    hf = to_hf_model(model, tokenizer).to(model.device)
+    runners = system_runners(model, tokenizer, hf, settings.max_batch)
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
         report.runs = time_systems(runners, workload, settings, report, bar)
@@ -187,9 +192,11 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     """Run, print the table or the JSON, write the figure; 1 if outputs differ (one thread: docs/benchmarks.md)."""
     torch.set_num_threads(args.threads)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
+    settings = replace(settings, max_batch=args.max_batch)
     if args.repeats is not None:
         settings = replace(settings, repeats=args.repeats)
     flags = [("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
+             (f"--max-batch {args.max_batch}", args.max_batch is not None),
              (f"--repeats {args.repeats}", args.repeats is not None), (f"--seed {args.seed}", args.seed != 0),
              (f"--threads {args.threads}", args.threads != 1)]
     started = time.perf_counter()

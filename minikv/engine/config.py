@@ -13,7 +13,7 @@ class EngineConfig:
     num_pages: int | None = 128  # pool size in pages; or None to size it from kv_memory_bytes
     kv_memory_bytes: int | None = None  # memory budget for the pool, used when num_pages is None
     context_len: int = 1024  # the advertised window: prompt + output tokens (1,048,576 / 1,024)
-    max_batch_size: int = 64  # requests decoding at once
+    max_batch_size: int = 64  # requests running at once (serve's --max-batch: by default one a pool page)
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
     chunked_prefill: bool = False  # a longer prompt goes in chunks of max_prefill_tokens, a decode step after each
     audit: bool = True  # check every read against the ownership ledger

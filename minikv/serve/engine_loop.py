@@ -30,10 +30,11 @@ SHUTTING_DOWN = "the server is shutting down"
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
                   model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
-                  prefill_chunk: int | None = None) -> FrontDoor:
+                  prefill_chunk: int | None = None, max_batch: int | None = None) -> FrontDoor:
     """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`). The
     event log is off (a server runs for days); the audit stays on. With `cache_partition` every pool is cut for
-    `tenants` (one a key) and raised, if need be, until each tenant's quota holds one context window."""
+    `tenants` (one a key) and raised, if need be, until each tenant's quota holds one context window. The
+    single engine runs `max_batch` requests at once; by default its pages are the only limit."""
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
@@ -55,7 +56,7 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
     if switches.cache_partition:
         config = replace(config, num_pages=quota_pages(num_pages, config.context_len, config.page_size,
                                                        config.cache_tenants))
-    return Engine(model, tokenizer, config)
+    return Engine(model, tokenizer, replace(config, max_batch_size=max_batch or config.num_pages))
 
 
 @dataclass(eq=False)

@@ -70,7 +70,7 @@ def test_bad_prompt_is_a_400_in_json_and_exit_1(capsys, prompt, reason):
     (["generate", "--prompt", "hi", "--max-tokens", "-2"], "must be a positive whole number"),
     (["generate", "--prompt", "hi", "--model", "/nonexistent/dir"], "does not exist"),
     (["info", "--num-pages", "0"], "must be a positive whole number"),
-    (["serve", "--max-batch", "257"], "--max-batch 257: 256 pages hold at most 256 requests; give 1 to 256"),
+    (["serve", "--max-batch", "257"], "--max-batch 257: 256 pages run at most 256 requests; give 1 to 256"),
     (["serve", "--max-batch", "8", "--disagg"], "--max-batch 8: the pair has no batch limit"),
     (["bench", "--max-batch", "0"], "must be a positive whole number"),
     (["demo", "--scenario", "over-length", "--enable", "kv_crc"], "unknown switch 'kv_crc'"),

@@ -64,7 +64,7 @@ def check_args(args: argparse.Namespace):
         raise ValueError(f"--port must be 0-65535, got {args.port}")
     if args.max_batch is not None and (args.disagg or args.max_batch > args.num_pages):
         n = args.num_pages
-        why = "the pair has no batch limit" if args.disagg else f"{n} pages hold at most {n} requests; give 1 to {n}"
+        why = "the pair has no batch limit" if args.disagg else f"{n} pages run at most {n} requests; give 1 to {n}"
         raise ValueError(f"--max-batch {args.max_batch}: {why}")
     if args.transport != "inprocess" and not args.disagg:
         raise ValueError(f"--transport {args.transport} needs --disagg (the single engine has no transfer)")

@@ -3,7 +3,7 @@
 The benchmark's 32 requests on a scattered pool, one torch thread. decode, prefill: torch.profiler's self time per
 aten operation, its share and where it comes from. attention: one layer's paged attention, request by request
 (gather + SDPA) against one tiled call with PagedStep's tile shapes, in decode and in a prefill of the first 20
-prompts (1,891 tokens), both sides timed alternately, medians and minimums. bound: decode_fraction of the step,
+prompts (1,891 tokens), both sides timed alternately, medians and minimums. bound: floor_fraction of the step,
 of the step with attention taken out, and of wider models (random weights). audit: a decode step of 32 and of 128
 requests with the ownership audit on and off, each request reading its prompt's full pages from an earlier request
 that sent the same prompt (the prefix cache, as `serve` sees it under closed-loop clients): aten calls per step and
@@ -22,8 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from minikv.attention.gather import gather_attention
 from minikv.attention.tiles import tile_plan, tiled_attention
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
-from minikv.bench.roofline import (forward_flops, linear_layers_only, measure_roofline, paged_step, paired_seconds,
-                                   scattered_pool)
+from minikv.bench.roofline import measure_floor, paged_step, paired_seconds, scattered_pool
 from minikv.bench.systems import prompt_ids
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.page_pool import PagePool
@@ -110,12 +109,10 @@ def attention(model: Llama, lens: list[int], iters: int) -> None:
 
 
 def bound(model: Llama, prompts: list[list[int]], iters: int) -> None:
-    """decode_fraction of the step, of the same step with attention taken out (its K/V still stored), and of
-    wider models of the same shape (random weights): what bounds the fraction at the shipped model's width."""
-    keys = sum(len(p) + 1 for p in prompts)
-    flops = forward_flops(model.config, len(prompts), keys, len(prompts), keys)
+    """floor_fraction of the decode step, of the same step with attention taken out (its K/V still stored), and
+    of wider models of the same shape (random weights): what bounds the fraction at the shipped model's width."""
+    floor = measure_floor(model, prompts, PAGE_SIZE, iters)
     step = paged_step(model, prompts, PAGE_SIZE, "decode")
-    matmuls, matmul_flops = linear_layers_only(model, len(prompts))
 
     def store_only(self: PagedStep, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    last_only: bool = False) -> torch.Tensor:
@@ -127,16 +124,17 @@ def bound(model: Llama, prompts: list[list[int]], iters: int) -> None:
             return step()
 
     with torch.inference_mode():
-        full, bare, alone = paired_seconds([step, without_attention, matmuls], iters, warmup=3, clock=time.thread_time)
-    roof = matmul_flops / alone
-    print(f"step {full * 1e3:.2f} ms, without attention {bare * 1e3:.2f} ms, its matmuls alone {alone * 1e3:.2f} ms: "
-          f"decode_fraction {flops / full / roof:.2f}, without attention {flops / bare / roof:.2f}")
+        full, bare = paired_seconds([step, without_attention], iters, warmup=3, clock=time.thread_time)
+    print(f"step {full * 1e3:.2f} ms, without attention {bare * 1e3:.2f} ms; floor {floor.floor_s * 1e3:.2f} ms "
+          f"(matmuls {floor.matmul_s * 1e3:.2f} ms + {floor.bytes_read / 2**20:.1f} MiB at "
+          f"{floor.bandwidth / 1e9:.1f} GB/s): floor_fraction {floor.floor_s / full:.2f}, without attention "
+          f"{floor.floor_s / bare:.2f}")
     for hidden, heads in ((192, 4), (512, 8), (1024, 16)):
         torch.manual_seed(0)
         wider = dataclasses.replace(model.config, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
                                     num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads)
-        roofline = measure_roofline(Llama(wider).eval(), prompts, PAGE_SIZE, 20)
-        print(f"hidden {hidden}: decode_fraction {roofline.decode_fraction:.2f}")
+        wide_floor = measure_floor(Llama(wider).eval(), prompts, PAGE_SIZE, 20)
+        print(f"hidden {hidden}: floor_fraction {wide_floor.floor_fraction:.2f}")
 
 
 def shared_prefix_step(model: Llama, prompts: list[list[int]], batch: int, audit: bool):

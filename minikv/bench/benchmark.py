@@ -15,7 +15,7 @@ from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, ran
 from minikv.bench import prefix, systems
 from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
 from minikv.bench.report import BenchReport, describe_machine
-from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
+from minikv.bench.roofline import measure_floor, paged_step, paired_seconds
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.disagg.switches import SafetySwitches
 from minikv.model.contiguous_cache import ContiguousCache
@@ -127,7 +127,7 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf,
 
 def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
-    """Check and time every system, then the decode step, the KV memory, the roofline, shared prefixes."""
+    """Check and time every system, then the decode step, the KV memory, the step's floor, shared prefixes."""
     from tqdm.auto import tqdm
 
     from minikv.model.checkpoint import to_hf_model
@@ -147,8 +147,8 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
         report.kv = kv_memory(tokenizer, workload, report.runs["hf_sequential"][-1].completions)
         bar.set_postfix_str("decode step")
         report.step_s = decode_step_seconds(model, prompts, settings.step_iters)
-        bar.set_postfix_str("roofline")
-        report.roofline = measure_roofline(model, prompts, PAGE_SIZE, settings.step_iters)
+        bar.set_postfix_str("floor")
+        report.floor = measure_floor(model, prompts, PAGE_SIZE, settings.step_iters)
         bar.update()
         bar.set_postfix_str("shared prefixes")
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,

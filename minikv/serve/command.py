@@ -49,7 +49,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--context-len", type=positive_int, help="context window in tokens (default 1024)")
     add("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
     add("--max-batch", type=positive_int, metavar="N", help="requests the single engine runs at once "
-        "(default: --num-pages, the most its pool can run: a running request holds a page at least)")
+        "(default: the pool's tokens / 64, a typical prompt: 64 for 256 pages)")
     add("--prefill-chunk", type=prefill_chunk, metavar="TOKENS|off",
         help=f"chunked prefill: a prompt at most this many tokens a step, a decode step between (default: "
         f"{SAFE_PREFILL_CHUNK} with --preset safe, off with vulnerable)")

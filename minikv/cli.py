@@ -205,6 +205,8 @@ def add_engine_commands(sub) -> None:
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--partition", action="store_true", help="only what the static partition costs against the "
                    "shared pool: what one tenant holds, hit rate, tokens/s (--repeats rounds, default 3)")
+    p.add_argument("--max-batch", type=positive_int, metavar="N", help="requests the paged engine runs at "
+                   "once (default: the whole workload, which its pool holds; with --serve: serve's default)")
     model_args(p)
 
 

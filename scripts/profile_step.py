@@ -1,10 +1,13 @@
-"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention|bound] [--iters N]`.
+"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention|bound|audit] [--iters N]`.
 
 The benchmark's 32 requests on a scattered pool, one torch thread. decode, prefill: torch.profiler's self time per
 aten operation, its share and where it comes from. attention: one layer's paged attention, request by request
 (gather + SDPA) against one tiled call with PagedStep's tile shapes, in decode and in a prefill of the first 20
-prompts (1,891 tokens), both sides timed alternately, medians and minimums. bound: decode_fraction of the step,
-of the step with attention taken out, and of wider models (random weights). docs/benchmarks.md quotes all four.
+prompts (1,891 tokens), both sides timed alternately, medians and minimums. bound: floor_fraction of the step,
+of the step with attention taken out, and of wider models (random weights). audit: a decode step of 32 and of 128
+requests with the ownership audit on and off, each request reading its prompt's full pages from an earlier request
+that sent the same prompt (the prefix cache, as `serve` sees it under closed-loop clients): aten calls per step and
+step times, timed alternately. docs/benchmarks.md quotes all five.
 """
 
 import argparse
@@ -19,9 +22,10 @@ from torch.profiler import ProfilerActivity, profile
 from minikv.attention.gather import gather_attention
 from minikv.attention.tiles import tile_plan, tiled_attention
 from minikv.bench.benchmark import PAGE_SIZE, bench_workload
-from minikv.bench.roofline import (forward_flops, linear_layers_only, measure_roofline, paged_step, paired_seconds,
-                                   scattered_pool)
+from minikv.bench.roofline import measure_floor, paged_step, paired_seconds, scattered_pool
 from minikv.bench.systems import prompt_ids
+from minikv.engine.audit import OwnershipAudit
+from minikv.engine.page_pool import PagePool
 from minikv.engine.paged_step import PagedStep, SeqSlice, block_table_tensor
 from minikv.model.checkpoint import load_model
 from minikv.model.llama import Llama
@@ -105,12 +109,10 @@ def attention(model: Llama, lens: list[int], iters: int) -> None:
 
 
 def bound(model: Llama, prompts: list[list[int]], iters: int) -> None:
-    """decode_fraction of the step, of the same step with attention taken out (its K/V still stored), and of
-    wider models of the same shape (random weights): what bounds the fraction at the shipped model's width."""
-    keys = sum(len(p) + 1 for p in prompts)
-    flops = forward_flops(model.config, len(prompts), keys, len(prompts), keys)
+    """floor_fraction of the decode step, of the same step with attention taken out (its K/V still stored), and
+    of wider models of the same shape (random weights): what bounds the fraction at the shipped model's width."""
+    floor = measure_floor(model, prompts, PAGE_SIZE, iters)
     step = paged_step(model, prompts, PAGE_SIZE, "decode")
-    matmuls, matmul_flops = linear_layers_only(model, len(prompts))
 
     def store_only(self: PagedStep, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    last_only: bool = False) -> torch.Tensor:
@@ -122,21 +124,73 @@ def bound(model: Llama, prompts: list[list[int]], iters: int) -> None:
             return step()
 
     with torch.inference_mode():
-        full, bare, alone = paired_seconds([step, without_attention, matmuls], iters, warmup=3, clock=time.thread_time)
-    roof = matmul_flops / alone
-    print(f"step {full * 1e3:.2f} ms, without attention {bare * 1e3:.2f} ms, its matmuls alone {alone * 1e3:.2f} ms: "
-          f"decode_fraction {flops / full / roof:.2f}, without attention {flops / bare / roof:.2f}")
+        full, bare = paired_seconds([step, without_attention], iters, warmup=3, clock=time.thread_time)
+    print(f"step {full * 1e3:.2f} ms, without attention {bare * 1e3:.2f} ms; floor {floor.floor_s * 1e3:.2f} ms "
+          f"(matmuls {floor.matmul_s * 1e3:.2f} ms + {floor.bytes_read / 2**20:.1f} MiB at "
+          f"{floor.bandwidth / 1e9:.1f} GB/s): floor_fraction {floor.floor_s / full:.2f}, without attention "
+          f"{floor.floor_s / bare:.2f}")
     for hidden, heads in ((192, 4), (512, 8), (1024, 16)):
         torch.manual_seed(0)
         wider = dataclasses.replace(model.config, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
                                     num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads)
-        roofline = measure_roofline(Llama(wider).eval(), prompts, PAGE_SIZE, 20)
-        print(f"hidden {hidden}: decode_fraction {roofline.decode_fraction:.2f}")
+        wide_floor = measure_floor(Llama(wider).eval(), prompts, PAGE_SIZE, 20)
+        print(f"hidden {hidden}: floor_fraction {wide_floor.floor_fraction:.2f}")
+
+
+def shared_prefix_step(model: Llama, prompts: list[list[int]], batch: int, audit: bool):
+    """One decode step of `batch` requests (the prompts over again), each reading its prompt's full pages from the
+    earlier request that sent it (retired, its pages cached) and the rest from its own; with the audit or without."""
+    ps, lens = PAGE_SIZE, [len(prompts[i % len(prompts)]) for i in range(batch)]
+    shared = [n // ps for n in lens[: len(prompts)]]  # full prompt pages, one copy per distinct prompt
+    own = [-(-(n + 1) // ps) - shared[i % len(prompts)] for i, n in enumerate(lens)]
+    pages = torch.randperm(sum(shared) + sum(own), generator=torch.Generator().manual_seed(0)).tolist()  # scattered
+    pool = PagePool(model.config, len(pages), ps, model.device, model.dtype)
+    ledger = OwnershipAudit(len(pages) * ps, ps, "node", model.device) if audit else None
+    cached = [[pages.pop() for _ in range(k)] for k in shared]
+    slices = []
+    for i, n in enumerate(lens):
+        writer, reader = i % len(prompts) + 1, len(prompts) + i + 1
+        table = cached[writer - 1] + [pages.pop() for _ in range(own[i])]
+        slices.append(SeqSlice(reader, table, n, 1))
+        if ledger is not None:
+            prompt = prompts[writer - 1]
+            for uid in (writer, reader):
+                ledger.register(uid, f"r{uid}", "bench", prompt)
+            full = shared[writer - 1] * ps
+            slots = torch.tensor(pool.slots(table, 0, n))
+            ledger.record_writes(slots, torch.tensor([writer] * full + [reader] * (n - full)), torch.arange(n))
+    ids = torch.zeros(batch, dtype=torch.long, device=model.device)
+
+    @torch.inference_mode()
+    def run() -> list[int]:
+        step = PagedStep(pool, slices, ledger)
+        logits = model(ids, step.positions, step, logits_index=step.last_rows, last_layer_on_logits_only=True)
+        assert not step.findings, "a shared prefix read is not a finding"
+        return logits.argmax(-1).tolist()
+
+    return run
+
+
+def audit_cost(model: Llama, prompts: list[list[int]], iters: int) -> None:
+    """aten calls per decode step and step time, ownership audit on and off, at 32 and 128 requests."""
+    print("| requests | aten calls, audit on | audit off | step, audit on | audit off | on / off |\n"
+          "| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for batch in (32, 128):
+        steps = [shared_prefix_step(model, prompts, batch, audit) for audit in (True, False)]
+        calls = []
+        for step in steps:
+            step()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step()
+            calls.append(sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")))
+        on, off = paired_seconds(steps, iters, warmup=3, clock=time.thread_time, summary=lambda ts: ts)
+        ratio = statistics.median(a / b for a, b in zip(on, off))
+        print(f"| {batch} | {calls[0]:,} | {calls[1]:,} | {median_and_min(on)} | {median_and_min(off)} | {ratio:.3f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention", "bound"], default="decode")
+    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention", "bound", "audit"], default="decode")
     parser.add_argument("--iters", type=int, default=100, help="attention: timed decode calls (a tenth for prefill)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -144,6 +198,8 @@ def main() -> None:
     prompts = prompt_ids(tokenizer, bench_workload(32))
     if args.what == "attention":
         attention(model, [len(p) for p in prompts], args.iters)
+    elif args.what == "audit":
+        audit_cost(model, prompts, min(args.iters, 50))
     elif args.what == "bound":
         bound(model, prompts, min(args.iters, 50))
     else:

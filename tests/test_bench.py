@@ -19,7 +19,7 @@ from minikv.model.tokenizer import build_char_tokenizer
 
 
 # The `bench --json` contract, written out here rather than imported from the module it checks.
-EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "roofline", "prefix_cache")
+EXPECTED_KEYS = ("device", "tokens_per_s", "ratios", "kv_waste", "outputs_equal", "floor", "prefix_cache")
 EXPECTED_RATIOS = {"vs_hf_sequential", "vs_hf_generate_batch", "paged_over_contiguous_step", "safe_over_vulnerable"}
 
 
@@ -179,81 +179,32 @@ def test_settings_refuse_a_run_with_nothing_to_time():
     assert quick.time_checked_run and quick.timed_runs == 1 and quick.num_requests == 32
 
 
-def values_as_matmul(monkeypatch) -> None:
-    """FlopCounterMode counts matmuls, not embedding_bag: take the gathered product, the same FLOPs, in its place."""
-    from minikv.attention import tiles
+def test_json_floor_comes_from_the_run(tiny_random):
+    """floor in --json: the decode step's time against its matmuls plus one read of its K/V and weights, every
+    figure measured (a floor no longer than the step it bounds, bytes counted from the model)."""
+    from minikv.bench.roofline import decode_bytes, measure_floor
 
-    def gathered(probs, v_pages, plan):
-        n_tiles, kvh, _, bk = probs.shape
-        return probs @ v_pages.reshape(-1, v_pages.shape[-1])[plan.kv_rows].view(n_tiles, kvh, bk, -1)
-
-    monkeypatch.setattr(tiles, "weighted_values", gathered)
-
-
-def test_forward_flops_equal_torch_flop_counter(monkeypatch):
-    """forward_flops counts what torch's FlopCounterMode counts in a tiled paged decode step (contexts of whole pages)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    values_as_matmul(monkeypatch)
-
-    from minikv.bench.roofline import forward_flops
-    from minikv.engine.page_pool import PagePool
-    from minikv.engine.paged_step import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
-
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)
-    model, rows, context = Llama(cfg).eval(), CPU_TILES_MIN_BATCH, 20  # a batch that takes the tiles
-    pool = PagePool(cfg, 5 * rows, page_size=4)
-    slices = [SeqSlice(i + 1, pool.allocate(5, f"r{i}"), context - 1, 1) for i in range(rows)]  # 20 keys each
-    step = PagedStep(pool, slices)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(rows, dtype=torch.long), step.positions, step)
-    assert counter.get_total_flops() == forward_flops(cfg, rows, rows * context, rows)
+    model, _ = tiny_random
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    floor = measure_floor(model, prompts, page_size=4, iters=3)
+    data = fake_report(floor=floor).to_json()["floor"]
+    assert set(data) == {"floor_fraction", "step_ms", "floor_ms", "matmul_ms", "memory_ms", "bytes_read",
+                         "bandwidth_gb_s"}
+    assert 0 < data["matmul_ms"] < data["floor_ms"] <= data["step_ms"]
+    assert data["floor_fraction"] == pytest.approx(data["floor_ms"] / data["step_ms"])
+    weights = sum(p.numel() * 4 for name, p in model.named_parameters() if name != "embed_tokens.weight")
+    assert data["bytes_read"] == decode_bytes(model, [3, 5]) == (4 + 6) * model.config.kv_bytes_per_token + weights
 
 
-def test_forward_flops_count_a_last_layer_that_runs_only_the_kept_rows(monkeypatch):
-    """With last_keys, forward_flops counts what FlopCounterMode counts when the last layer runs each request's last row."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    values_as_matmul(monkeypatch)
-
-    from minikv.bench.roofline import forward_flops
-    from minikv.engine.page_pool import PagePool
-    from minikv.engine.paged_step import CPU_TILES_MIN_BATCH, PagedStep, SeqSlice
-
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
-                      num_kv_heads=2, head_dim=8, max_position_embeddings=64)  # one layer: it is the last
-    model, lens = Llama(cfg).eval(), [4 * (1 + i % 5) for i in range(CPU_TILES_MIN_BATCH)]  # whole pages: tiles count exactly
-    pool = PagePool(cfg, sum(lens) // 4, page_size=4)
-    slices = [SeqSlice(i + 1, pool.allocate(-(-n // 4), f"r{i}"), 0, n) for i, n in enumerate(lens)]  # prompts
-    step = PagedStep(pool, slices)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        model(torch.zeros(sum(lens), dtype=torch.long), step.positions, step, logits_index=step.last_rows,
-              last_layer_on_logits_only=True)
-    assert counter.get_total_flops() == forward_flops(cfg, sum(lens), 0, len(lens), last_keys=sum(lens))
-    assert counter.get_total_flops() < forward_flops(cfg, sum(lens), sum(n * (n + 1) // 2 for n in lens), len(lens))
-
-
-def test_json_roofline_has_the_issue_keys(tiny_random):
-    """roofline in --json: decode_fraction, prefill_fraction, matmul_gflops, positive numbers."""
-    model, tok = tiny_random
-    from minikv.bench.roofline import measure_roofline
-
-    roof = measure_roofline(model, [[1, 2, 3], [4, 5, 6, 7, 8]], page_size=4, iters=2)
-    data = fake_report(roofline=roof).to_json()["roofline"]
-    assert set(data) == {"decode_fraction", "prefill_fraction", "matmul_gflops"}
-    assert all(isinstance(x, float) and x > 0 for x in data.values())
-
-
-def test_figure_draws_the_roofline_panel():
-    """The figure's roofline panel labels each step's fraction of its matmuls, or says it was not measured."""
+def test_figure_draws_the_floor_panel():
+    """The figure's floor panel labels the step's floor fraction, or says it was not measured."""
     from minikv.bench.plot import bench_figure
-    from minikv.bench.roofline import Roofline
+    from minikv.bench.roofline import Floor
 
-    def roofline_texts(report) -> list[str]:
+    def floor_texts(report) -> list[str]:
         fig = bench_figure(report)
-        (ax,) = [a for a in fig.axes if a.get_title().startswith("roofline")]
+        (ax,) = [a for a in fig.axes if a.get_title().startswith("decode step")]
         return [t.get_text() for t in ax.texts]
 
-    assert roofline_texts(fake_report(roofline=Roofline(28.0, 84.0, 75.0, 90.0))) == ["33%", "83%"]
-    assert roofline_texts(fake_report()) == ["not measured"]
+    assert floor_texts(fake_report(floor=Floor(0.010, 0.002, 10**7, 1e10))) == ["floor 30%"]
+    assert floor_texts(fake_report()) == ["not measured"]

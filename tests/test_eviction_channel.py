@@ -54,8 +54,10 @@ def test_a_shared_lru_tells_b_whether_a_repeated(tiny, build):
 
 
 def small_single(tiny, switches: SafetySwitches):
-    """The engine as `minikv serve` builds it for two keys, small: 64 pages of 16 tokens, a 256-token window."""
-    return lambda: build_backend(*tiny, switches, disagg=False, context_len=256, num_pages=64, tenants=2)
+    """The engine as `minikv serve --max-batch 64` builds it for two keys, small: 64 pages of 16 tokens, a
+    256-token window. The holds must run at once: serve's default limit at this pool, 16, would queue them."""
+    return lambda: build_backend(*tiny, switches, disagg=False, context_len=256, num_pages=64, tenants=2,
+                                 max_batch=64)
 
 
 def small_pair(tiny, switches: SafetySwitches):
@@ -101,3 +103,10 @@ def test_a_request_past_its_tenants_quota_is_refused_at_the_door(tiny):
     door = Engine(*tiny, EngineConfig(num_pages=96, cache_partition=True, cache_tenants=2))
     [response] = door.generate([filler(random.Random(2), 1000)], max_tokens=20, tenant="bob")
     assert response.status == 400 and "its quota" in response.error
+
+
+def test_serve_sizes_its_batch_limit_to_the_pool(tiny):
+    """minikv serve runs as many requests at once as its pool admits at 64 tokens each, or --max-batch."""
+    sized = build_backend(*tiny, WITHOUT_PARTITION, disagg=False, context_len=None, num_pages=64)
+    given = build_backend(*tiny, WITHOUT_PARTITION, disagg=False, context_len=None, num_pages=64, max_batch=3)
+    assert (sized.scheduler.max_batch_size, given.scheduler.max_batch_size) == (64 * 16 // 64, 3)

@@ -15,7 +15,7 @@ from minikv.attacks.workload import TENANTS, document_sentence, make_prompt, ran
 from minikv.bench import partition, prefix, systems
 from minikv.bench.memory import KVMemoryUse, contiguous_use, paged_use
 from minikv.bench.report import BenchReport, describe_machine
-from minikv.bench.roofline import measure_roofline, paged_step, paired_seconds
+from minikv.bench.roofline import measure_floor, paged_step, paired_seconds
 from minikv.bench.systems import BenchRequest, Completion, Run
 from minikv.disagg.switches import SafetySwitches
 from minikv.model.contiguous_cache import ContiguousCache
@@ -85,6 +85,7 @@ class BenchSettings:
     seed: int = 0
     time_checked_run: bool = False  # quick: the checked run is the (only) timed one
     warmup_requests: int = 2  # each system first serves this many requests, untimed
+    max_batch: int | None = None  # the paged engine's batch limit; None: the whole workload at once
 
     def __post_init__(self) -> None:
         if min(self.num_requests, self.step_iters, self.warmup_requests) < 1 or self.repeats < 0:
@@ -103,15 +104,18 @@ class BenchSettings:
         return self.repeats + int(self.time_checked_run)
 
 
-def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict[str, Callable[[list[BenchRequest]], Run]]:
+def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf,
+                   max_batch: int | None = None) -> dict[str, Callable[[list[BenchRequest]], Run]]:
     """Every system by name, each a function of the workload; hf_sequential is the reference."""
     vulnerable = SafetySwitches.preset("vulnerable")
+    batch = {} if max_batch is None else {"max_batch_size": max_batch}
     runners = {
         "hf_sequential": partial(systems.hf_sequential, hf, tokenizer),
         "hf_generate_batch": partial(systems.hf_generate_batch, hf, tokenizer),
         "minikv_contiguous": partial(systems.minikv_contiguous, model, tokenizer),
-        "minikv_paged": partial(systems.minikv_paged, model, tokenizer),
-        "minikv_paged+scrub_on_free": partial(systems.minikv_paged, model, tokenizer, scrub_on_free=True),
+        "minikv_paged": partial(systems.minikv_paged, model, tokenizer, **batch),
+        "minikv_paged+scrub_on_free": partial(systems.minikv_paged, model, tokenizer, scrub_on_free=True,
+                                              **batch),
         "pair_safe": partial(systems.pair, model, tokenizer, switches=SafetySwitches.preset("safe")),
         "pair_vulnerable": partial(systems.pair, model, tokenizer, switches=vulnerable),
     }
@@ -123,7 +127,7 @@ def system_runners(model: Llama, tokenizer: PreTrainedTokenizerBase, hf) -> dict
 
 def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchSettings = BenchSettings(),
               command: str = "python -m minikv bench", progress: bool = True) -> BenchReport:
-    """Check and time every system, then the decode step, the KV memory, the roofline, shared prefixes."""
+    """Check and time every system, then the decode step, the KV memory, the step's floor, shared prefixes."""
     from tqdm.auto import tqdm
 
     from minikv.model.checkpoint import to_hf_model
@@ -135,15 +139,16 @@ def run_bench(model: Llama, tokenizer: PreTrainedTokenizerBase, settings: BenchS
     report = BenchReport(device, machine, command, settings.num_requests, timing)
     workload = bench_workload(settings.num_requests, settings.seed)
     prompts = systems.prompt_ids(tokenizer, workload)
-    runners = system_runners(model, tokenizer, to_hf_model(model, tokenizer).to(model.device))
+    hf = to_hf_model(model, tokenizer).to(model.device)
+    runners = system_runners(model, tokenizer, hf, settings.max_batch)
     with tqdm(total=len(runners) * (2 + settings.repeats) + 2, desc="bench", unit="run", file=sys.stderr,
               disable=not progress) as bar:
         report.runs = time_systems(runners, workload, settings, report, bar)
         report.kv = kv_memory(tokenizer, workload, report.runs["hf_sequential"][-1].completions)
         bar.set_postfix_str("decode step")
         report.step_s = decode_step_seconds(model, prompts, settings.step_iters)
-        bar.set_postfix_str("roofline")
-        report.roofline = measure_roofline(model, prompts, PAGE_SIZE, settings.step_iters)
+        bar.set_postfix_str("floor")
+        report.floor = measure_floor(model, prompts, PAGE_SIZE, settings.step_iters)
         bar.update()
         bar.set_postfix_str("shared prefixes")
         report.prefix_cache, report.prefix_outputs_equal = prefix.measure(model, tokenizer, settings.num_requests,
@@ -189,9 +194,11 @@ def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
     if args.partition:
         return partition.run_command(model, tokenizer, args)
     settings = BenchSettings.quick(args.requests, args.seed) if args.quick else BenchSettings(args.requests, seed=args.seed)
+    settings = replace(settings, max_batch=args.max_batch)
     if args.repeats is not None:
         settings = replace(settings, repeats=args.repeats)
     flags = [("--quick", args.quick), (f"--requests {args.requests}", args.requests != 32),
+             (f"--max-batch {args.max_batch}", args.max_batch is not None),
              (f"--repeats {args.repeats}", args.repeats is not None), (f"--seed {args.seed}", args.seed != 0),
              (f"--threads {args.threads}", args.threads != 1)]
     started = time.perf_counter()

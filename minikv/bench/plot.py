@@ -1,5 +1,5 @@
-"""The benchmark as one figure (docs/bench.png): throughput, KV memory reserved against filled, the roofline,
-and each safety switch's cost as time relative to the vulnerable pair."""
+"""The benchmark as one figure (docs/bench.png): throughput, KV memory reserved against filled, the decode
+step against its floor, and each safety switch's cost as time relative to the vulnerable pair."""
 
 import os
 from pathlib import Path
@@ -21,7 +21,7 @@ def pyplot():
 
 def bench_figure(report: BenchReport):
     """A matplotlib Figure of `report`."""
-    fig, (ax_tps, ax_kv, ax_roof, ax_sw) = pyplot().subplots(1, 4, figsize=(20, 4.8), layout="tight",
+    fig, (ax_tps, ax_kv, ax_floor, ax_sw) = pyplot().subplots(1, 4, figsize=(20, 4.8), layout="tight",
                                                              gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
     main = [n for n in report.results if "+" not in n]  # not the single switches nor scrub_on_free
     tps = [report.results[n].tokens_per_s for n in main]
@@ -47,7 +47,7 @@ def bench_figure(report: BenchReport):
     ax_kv.set_title("KV cache: reserved vs filled")
     ax_kv.legend(loc="upper left", fontsize=8)
 
-    roofline_panel(ax_roof, report)
+    floor_panel(ax_floor, report)
 
     base = report.results.get("pair_vulnerable")
     switches = [n for n in report.results if n.startswith("pair_vulnerable+")] + ["pair_safe"]
@@ -66,23 +66,19 @@ def bench_figure(report: BenchReport):
     return fig
 
 
-def roofline_panel(ax, report: BenchReport) -> None:
-    """The decode step and the prefill, GFLOP/s achieved beside the GFLOP/s of their matmuls alone."""
-    r = report.roofline
-    ax.set_title("roofline: step vs its matmuls")
-    if r is None:
+def floor_panel(ax, report: BenchReport) -> None:
+    """The decode step's time beside its floor: the matmuls alone, then one read of its K/V and weights."""
+    f = report.floor
+    ax.set_title("decode step vs its floor")
+    if f is None:
         ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
         return
-    phases = [("decode\n(batch)", r.decode_gflops, r.decode_matmul_gflops),
-              ("prefill\n(all prompts)", r.prefill_gflops, r.prefill_matmul_gflops)]
-    xs = range(len(phases))
-    ax.bar([x - 0.2 for x in xs], [m for _, _, m in phases], width=0.4, color="#d9d9d9", label="matmuls alone")
-    ax.bar([x + 0.2 for x in xs], [g for _, g, _ in phases], width=0.4, color=MINIKV, label="the engine's step")
-    for x, (_, g, m) in zip(xs, phases):
-        ax.text(x + 0.2, g, f"{g / m:.0%}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(xs), [name for name, _, _ in phases], fontsize=8)
-    ax.set_ylim(0, max(m for _, _, m in phases) * 1.25)
-    ax.set_ylabel("GFLOP/s (per second of CPU time on a CPU)")
+    ax.bar(["floor"], [f.matmul_s * 1e3], color="#d9d9d9", label="matmuls alone")
+    ax.bar(["floor"], [f.memory_s * 1e3], bottom=[f.matmul_s * 1e3], color="#a6a6a6", label="K/V and weights read")
+    ax.bar(["the engine's step"], [f.step_s * 1e3], color=MINIKV)
+    ax.text(1, f.step_s * 1e3, f"floor {f.floor_fraction:.0%}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, f.step_s * 1e3 * 1.25)
+    ax.set_ylabel("ms (of CPU time on a CPU)")
     ax.legend(loc="upper left", fontsize=8)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minikv.bench.memory import KVMemoryUse
-from minikv.bench.roofline import Roofline
+from minikv.bench.roofline import Floor
 from minikv.bench.systems import Run, paired_ratios
 
 
@@ -42,7 +42,7 @@ class BenchReport:
     kv: dict[str, KVMemoryUse] = field(default_factory=dict)  # "paged", "contiguous", "contiguous_window"
     prefix_cache: dict | None = None  # bench/prefix.py: speedup, prefill_tokens_saved, hit_rate, cache_salt
     prefix_outputs_equal: bool = True  # the shared-prefix workload gave the same completions in every mode
-    roofline: Roofline | None = None  # the decode and prefill steps against the matmul rate of their shapes
+    floor: Floor | None = None  # the decode step against its matmuls and one read of its K/V and weights
 
     @property
     def outputs_equal(self) -> bool:
@@ -75,12 +75,12 @@ class BenchReport:
             "ratios": self.ratios(),
             "kv_waste": {name: self.kv[name].waste for name in ("paged", "contiguous")},
             "outputs_equal": self.outputs_equal,
-            "roofline": None if self.roofline is None else self.roofline.to_json(),
+            "floor": None if self.floor is None else self.floor.to_json(),
             "prefix_cache": self.prefix_cache,
         }
 
     def table(self) -> str:
-        """The results as markdown: the systems, the KV memory, the decode step, the roofline, shared prefixes."""
+        """The results as markdown: the systems, the KV memory, the decode step and its floor, shared prefixes."""
         lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]
@@ -100,12 +100,13 @@ class BenchReport:
                   for name, use in self.kv.items()]
         lines += ["", f"One decode step of all {self.num_requests} requests: paged {self.step_s['paged'] * 1e3:.2f} ms, "
                       f"contiguous {self.step_s['contiguous'] * 1e3:.2f} ms."]
-        if self.roofline is not None:
-            r, clock = self.roofline, "CPU" if self.device.startswith("cpu") else "wall"
-            lines += ["", f"Roofline: the decode step does {r.decode_gflops:.1f} GFLOP/s, {r.decode_fraction:.0%} of the "
-                          f"{r.decode_matmul_gflops:.1f} GFLOP/s its linear layers reach alone (matmuls of the same shapes, "
-                          f"this run, both per second of {clock} time); a prefill of every prompt does "
-                          f"{r.prefill_gflops:.1f} GFLOP/s, {r.prefill_fraction:.0%} of {r.prefill_matmul_gflops:.1f}."]
+        if self.floor is not None:
+            f, clock = self.floor, "CPU" if self.device.startswith("cpu") else "wall"
+            lines += ["", f"The decode step's floor: {f.step_s * 1e3:.2f} ms against {f.floor_s * 1e3:.2f} ms "
+                          f"(floor_fraction {f.floor_fraction:.2f}): its matmuls alone {f.matmul_s * 1e3:.2f} ms, "
+                          f"plus {f.bytes_read / 2**20:.1f} MiB of K/V and weights read once at "
+                          f"{f.bandwidth / 1e9:.1f} GB/s (a sum over 256 MiB) {f.memory_s * 1e3:.2f} ms; "
+                          f"this run, {clock} time."]
         if self.prefix_cache:
             lines += ["", "| shared-prefix workload (bench/prefix.py) | speedup over caching off | prompt tokens from "
                           "the cache | prefill tokens saved |", "| --- | ---: | ---: | ---: |"]

@@ -1,7 +1,8 @@
-"""How close one engine step gets to the machine: its FLOP rate against plain matmuls of the same shapes.
+"""How close the decode step gets to the machine: its time against a floor measured in the same run.
 
-`forward_flops` counts a step's useful work; `linear_layers_only` is the roof, the linear layers' matmuls
-alone at the same shapes in the same run (docs/benchmarks.md, "the roofline").
+The floor is what the step cannot do without: its linear layers' matmuls, timed alone at the same shapes,
+plus one read of the batch's K/V and the model's weights at the bandwidth a large tensor's sum shows
+(docs/benchmarks.md, "the physical floor").
 """
 
 import statistics
@@ -14,55 +15,43 @@ import torch.nn.functional as F
 
 from minikv.engine.page_pool import PagePool
 from minikv.engine.paged_step import PagedStep, SeqSlice
-from minikv.model.llama import Llama, ModelConfig
+from minikv.model.llama import Llama
+
+BANDWIDTH_BYTES = 256 * 2**20  # the tensor summed to measure bandwidth: far past any CPU's last-level cache
 
 
 @dataclass(frozen=True)
-class Roofline:
-    """A step's achieved GFLOP/s against the matmul GFLOP/s of the same shapes."""
+class Floor:
+    """One decode step of a batch against its floor; every figure from the same run."""
 
-    decode_gflops: float  # the batch's decode step
-    decode_matmul_gflops: float  # the linear layers alone, one row per request
-    prefill_gflops: float  # every prompt of the batch prefilled in one step
-    prefill_matmul_gflops: float  # the linear layers alone, one row per prompt token
-
-    @property
-    def decode_fraction(self) -> float:
-        return self.decode_gflops / self.decode_matmul_gflops
+    step_s: float  # the decode step
+    matmul_s: float  # its linear layers alone, one row per request
+    bytes_read: int  # the batch's K/V and the model's weights, once each
+    bandwidth: float  # bytes per second a sum over BANDWIDTH_BYTES reads
 
     @property
-    def prefill_fraction(self) -> float:
-        return self.prefill_gflops / self.prefill_matmul_gflops
+    def memory_s(self) -> float:
+        return self.bytes_read / self.bandwidth
+
+    @property
+    def floor_s(self) -> float:
+        return self.matmul_s + self.memory_s
+
+    @property
+    def floor_fraction(self) -> float:
+        return self.floor_s / self.step_s
 
     def to_json(self) -> dict[str, float]:
-        """The two fractions, and the decode shapes' matmul rate they are measured against."""
-        return {"decode_fraction": self.decode_fraction, "prefill_fraction": self.prefill_fraction,
-                "matmul_gflops": self.decode_matmul_gflops}
+        return {"floor_fraction": self.floor_fraction, "step_ms": self.step_s * 1e3, "floor_ms": self.floor_s * 1e3,
+                "matmul_ms": self.matmul_s * 1e3, "memory_ms": self.memory_s * 1e3, "bytes_read": self.bytes_read,
+                "bandwidth_gb_s": self.bandwidth / 1e9}
 
 
-def forward_flops(config: ModelConfig, num_tokens: int, attended_keys: int, num_logits: int,
-                  last_keys: int | None = None) -> int:
-    """2 x multiply-adds of a forward over `num_tokens` tokens; `attended_keys`: the batch's (query, key) pairs,
-    `last_keys`: those of a last layer run past qkv for the `num_logits` rows only (docs/benchmarks.md)."""
-    h, d = config.hidden_size, config.head_dim
-    qkv, o = h * (config.num_heads + 2 * config.num_kv_heads) * d, config.num_heads * d * h
-    mlp = h * 2 * config.intermediate_size + config.intermediate_size * h  # gate_up, down
-
-    def layer(tokens: int, rows: int, pairs: int) -> int:  # q.k and p.v for every pair and head
-        return tokens * qkv + rows * (o + mlp) + 2 * pairs * config.num_heads * d
-
-    if last_keys is None:
-        layers = config.num_layers * layer(num_tokens, num_tokens, attended_keys)
-    else:
-        layers = (config.num_layers - 1) * layer(num_tokens, num_tokens, attended_keys) \
-            + layer(num_tokens, num_logits, last_keys)
-    return 2 * (layers + num_logits * h * config.vocab_size)
-
-
-def linear_layers_only(model: Llama, num_tokens: int) -> tuple[Callable[[], object], int]:
-    """The decoder's linear layers and nothing else, on `num_tokens` rows; and their FLOPs."""
+def linear_layers_only(model: Llama, num_tokens: int) -> Callable[[], object]:
+    """A step's matmuls and nothing else, on `num_tokens` rows: every linear layer, and the output projection."""
     weights = [m.weight for layer in model.layers
                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    weights.append(model.lm_head.weight)
     x = {w.shape[1]: torch.randn(num_tokens, w.shape[1], device=model.device, dtype=model.dtype)
          for w in weights}  # one input per width: (num_tokens, in)
 
@@ -72,7 +61,7 @@ def linear_layers_only(model: Llama, num_tokens: int) -> tuple[Callable[[], obje
             torch.cuda.synchronize(model.device)  # a GPU returns before the work is done
         return out
 
-    return run, 2 * num_tokens * sum(w.numel() for w in weights)
+    return run
 
 
 def scattered_pool(model: Llama, lens: list[int], page_size: int) -> tuple[PagePool, list[list[int]]]:
@@ -121,18 +110,36 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
     return [summary(ts) for ts in times]
 
 
-def measure_roofline(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Roofline:
-    """A decode step after `prompts` and a prefill of them all, each against its matmuls; timed by this thread's
-    CPU time on a CPU (a shared host's waits for a core would count), wall time on a GPU."""
-    config, lens = model.config, [len(p) for p in prompts]
+def read_bandwidth(device: torch.device) -> tuple[Callable[[], object], int]:
+    """A sum over a tensor far larger than any cache, and the bytes it reads."""
+    x = torch.ones(BANDWIDTH_BYTES // 4, device=device)  # float32
+
+    def run() -> object:
+        total = x.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return total
+
+    return run, x.nbytes
+
+
+def decode_bytes(model: Llama, lens: list[int]) -> int:
+    """What a decode step after prompts of `lens` must read once: each request's K/V (its prompt and the new
+    token) and every weight but the embedding table, of which it reads a row a request (unless it is tied to
+    the output projection, which reads all of it)."""
+    kv = sum(n + 1 for n in lens) * model.config.kv_bytes_per_token
+    return kv + sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                    if name != "embed_tokens.weight" or p is model.lm_head.weight)
+
+
+def measure_floor(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Floor:
+    """A decode step after `prompts` against its matmuls and the bandwidth, timed in turn; by this thread's CPU
+    time on a CPU (a shared host's waits for a core would count), wall time on a GPU."""
+    lens = [len(p) for p in prompts]
     clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
-    rates = []
-    for phase, rows, keys, last_keys, step_iters in (
-            ("decode", len(lens), sum(n + 1 for n in lens), sum(n + 1 for n in lens), iters),
-            ("prefill", sum(lens), sum(n * (n + 1) // 2 for n in lens), sum(lens), max(2, iters // 5))):
-        matmuls, matmul_flops = linear_layers_only(model, rows)
-        with torch.inference_mode():
-            step_s, matmul_s = paired_seconds([paged_step(model, prompts, page_size, phase), matmuls], step_iters,
-                                              clock=clock)
-        rates += [forward_flops(config, rows, keys, len(lens), last_keys) / step_s / 1e9, matmul_flops / matmul_s / 1e9]
-    return Roofline(*rates)
+    matmuls = linear_layers_only(model, len(lens))
+    bandwidth, nbytes = read_bandwidth(model.device)
+    with torch.inference_mode():
+        step = paged_step(model, prompts, page_size, "decode")
+        step_s, matmul_s, sum_s = paired_seconds([step, matmuls, bandwidth], iters, warmup=2, clock=clock)
+    return Floor(step_s, matmul_s, decode_bytes(model, lens), nbytes / sum_s)

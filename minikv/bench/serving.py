@@ -192,6 +192,8 @@ def run_serving_command(args: argparse.Namespace) -> int:
     if args.plot and (problem := plot_path_problem(args.plot)):
         raise ValueError(f"--plot {args.plot}: {problem}")
     pool = ["--num-pages", str(args.num_pages), "--context-len", str(args.context_len), "--threads", str(args.threads)]
+    if args.max_batch is not None:  # minikv's only: vLLM keeps its own max_num_seqs
+        pool += ["--max-batch", str(args.max_batch)]
     with ExitStack() as stack:
         try:
             minikv = stack.enter_context(ServerProcess([*pool, *(["--model", args.model] if args.model else [])]))
@@ -206,7 +208,8 @@ def run_serving_command(args: argparse.Namespace) -> int:
         except (ServerStartError, PeerError) as e:
             raise ValueError(str(e).splitlines()[0][:300]) from None
         command = (f"python -m minikv bench --serve --clients {args.clients} --rounds {args.rounds} "
-                   f"--num-pages {args.num_pages} --context-len {args.context_len}")
+                   f"--num-pages {args.num_pages} --context-len {args.context_len}"
+                   + (f" --max-batch {args.max_batch}" if args.max_batch is not None else ""))
         report = run_serving(urls, bench_workload(args.requests, args.seed), clients, args.rounds, command, to_stderr)
     if report.mismatched and not report.loads:
         print(f"the servers' texts differ on requests {report.mismatched}: nothing was timed", file=sys.stderr)

@@ -3,7 +3,9 @@
 Freed pages keep their data, so what stands between tenants is whether each request reads only the
 slots it wrote: a read of a slot someone else wrote is an event naming reader, victim and pages.
 The one legitimate exception is a **shared read** of a prefix-cache page whose writer sent the same
-prompt up to there (counted apart, `cross_tenant_cache_hits`, when tenants differ). See docs/engine.md.
+prompt up to there (counted apart, `cross_tenant_cache_hits`, when tenants differ). Every step's reads
+are checked with tensor operations against the writer ids and the reader's grants; Python runs only on
+what neither explains, and a shared read it confirms becomes a grant. See docs/engine.md.
 """
 
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from torch import Tensor
 
 NEVER_WRITTEN = 0  # writer id of a slot nobody has written since boot; request uids start at 1
 UNKNOWN_POSITION = -1  # writer position of a slot written without one (never a shared read)
+NO_GRANT = -1  # in a reader's row of grants: no other writer's slot may be read at this position
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,16 @@ class OwnershipAudit:
         self.positions = torch.full((num_slots,), UNKNOWN_POSITION, dtype=torch.long, device=device)
         self.page_size, self.node = page_size, node
         self.names: dict[int, tuple[str, str]] = {}  # uid -> (request id, tenant), while it may be needed
-        self.prompts: dict[int, list[int]] = {}  # uid -> the prompt token ids it sent, kept as long as its name
+        self.prompts: dict[int, list[int]] = {}  # uid -> the prompt ids it sent, kept as long as its name
         self.live: set[int] = set()  # registered and not yet retired
         self.events: list[CrossReadEvent] = []  # every finding since boot (zero in a correct engine)
         self.shared: dict[int, set[int]] = {}  # live reader uid -> writers whose cached prefix it read
         self.cache_hits = 0  # (reader, writer) pairs since boot in which a reader used a cached prefix
         self.cross_tenant_cache_hits = 0  # those pairs in which reader and writer are different tenants
+        # (rows, key positions): the writer a reader may read at each position; row 0 grants nothing
+        self.grants = torch.full((2, 0), NO_GRANT, dtype=torch.long, device=device)
+        self.grant_rows: dict[int, int] = {}  # live reader uid -> its row of grants
+        self.free_rows = [1]  # rows no reader holds
         self._prune_at = 64
 
     def register(self, uid: int, request_id: str, tenant: str, prompt_ids: list[int] = ()) -> None:
@@ -51,9 +58,14 @@ class OwnershipAudit:
         self.live.add(uid)
 
     def retire(self, uid: int) -> None:
-        """`uid` will write no more: its name stays while a slot holds its data (pruned when retired names double)."""
+        """`uid` will write no more: its name stays while a slot holds its data (pruned when retired names
+        double); its row of grants goes (a read after this is resolved again)."""
         self.live.discard(uid)
         self.shared.pop(uid, None)
+        if uid in self.grant_rows:
+            row = self.grant_rows.pop(uid)
+            self.grants[row] = NO_GRANT
+            self.free_rows.append(row)
         if len(self.names) - len(self.live) >= self._prune_at:  # retired names kept: prune when they double
             keep = set(self.writers.unique().tolist()) | self.live
             self.names = {u: name for u, name in self.names.items() if u in keep}
@@ -77,39 +89,75 @@ class OwnershipAudit:
             self.positions[page * self.page_size:(page + 1) * self.page_size] = UNKNOWN_POSITION
 
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
-        """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S)."""
+        """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S). Every read is checked
+        with tensor operations; Python runs only for a reader with a read neither its own nor granted."""
         writers = self.writers[gather]  # (B, S)
-        bad = valid & (writers != reader_uids[:, None])
-        if not bool(bad.any()):
+        key_positions = torch.arange(gather.shape[1], device=gather.device)  # (S,)
+        at_own_position = self.positions[gather] == key_positions  # (B, S) written where it is read
+        foreign = valid & (writers != reader_uids[:, None])  # (B, S) reads of slots the reader did not write
+        granted = (writers == self._granted(reader_uids.tolist(), gather.shape[1])) & at_own_position
+        new = foreign & ~granted  # (B, S)
+        if not bool(new.any()):
             return []
-        key_positions = torch.arange(gather.shape[1], device=gather.device)[None, :]  # (1, S)
-        at_own_position = self.positions[gather] == key_positions  # (B, S) written at the position it is read at
-        found = []
-        for b in bad.any(dim=1).nonzero().flatten().tolist():
-            reader_uid = int(reader_uids[b])
-            reader_id, reader_tenant = self.names[reader_uid]
-            for victim_uid in sorted(set(writers[b][bad[b]].tolist()), key=lambda u: (u == NEVER_WRITTEN, u)):
-                sel = bad[b] & (writers[b] == victim_uid)
-                last = int(sel.nonzero().max())
-                if victim_uid != NEVER_WRITTEN and bool(at_own_position[b][sel].all()) \
-                        and self._same_prefix(reader_uid, victim_uid, last):
-                    self._count_cache_hit(reader_uid, victim_uid)
-                    continue  # a legitimate read of a cached prefix: the reader sent these tokens too
-                slots = gather[b][sel]
-                victim = self.names.get(victim_uid)
-                found.append(CrossReadEvent(
-                    reader=reader_id, reader_tenant=reader_tenant,
-                    victim=victim[0] if victim else None, victim_tenant=victim[1] if victim else None,
-                    pages=tuple(sorted(set((slots // self.page_size).tolist()))),
-                    num_slots=int(sel.sum()), node=self.node,
-                ))
+        found = [e for b in new.any(dim=1).nonzero().flatten().tolist()
+                 for e in self._resolve(int(reader_uids[b]), gather[b], writers[b], foreign[b], new[b],
+                                        at_own_position[b])]
         self.events.extend(found)
         return found
+
+    def _resolve(self, reader_uid: int, gather: Tensor, writers: Tensor, foreign: Tensor, new: Tensor,
+                 at_own_position: Tensor) -> list[CrossReadEvent]:
+        """One reader's foreign reads (S,), victim by victim among those in `new`: a shared read of a cached
+        prefix is granted (not checked in Python again), anything else is a finding."""
+        reader_id, reader_tenant = self.names[reader_uid]
+        found = []
+        for victim_uid in sorted(set(writers[new].tolist()), key=lambda u: (u == NEVER_WRITTEN, u)):
+            sel = foreign & (writers == victim_uid)  # (S,) every read of this victim's slots, granted or not
+            last = int(sel.nonzero().max())
+            if victim_uid != NEVER_WRITTEN and bool(at_own_position[sel].all()) \
+                    and self._same_prefix(reader_uid, victim_uid, last):
+                self._grant(reader_uid, victim_uid, sel.nonzero().flatten())
+                continue  # a legitimate read of a cached prefix: the reader sent these tokens too
+            slots = gather[sel]
+            victim = self.names.get(victim_uid)
+            found.append(CrossReadEvent(
+                reader=reader_id, reader_tenant=reader_tenant,
+                victim=victim[0] if victim else None, victim_tenant=victim[1] if victim else None,
+                pages=tuple(sorted(set((slots // self.page_size).tolist()))),
+                num_slots=int(sel.sum()), node=self.node,
+            ))
+        return found
+
+    def _granted(self, reader_uids: list[int], width: int) -> Tensor:
+        """(B, width): the writer each reader may read at each key position (a shared prefix), or NO_GRANT."""
+        if width > self.grants.shape[1]:
+            self._grow(len(self.grants), max(width, 2 * self.grants.shape[1]))
+        rows = torch.tensor([self.grant_rows.get(u, 0) for u in reader_uids], device=self.grants.device)
+        return self.grants[:, :width][rows]
+
+    def _grant(self, reader: int, writer: int, positions: Tensor) -> None:
+        """`reader` may read what `writer` wrote at `positions`: their prompts agree up to there."""
+        if reader not in self.grant_rows:
+            if not self.free_rows:
+                self.free_rows = list(range(len(self.grants), 2 * len(self.grants)))
+                self._grow(2 * len(self.grants), self.grants.shape[1])
+            self.grant_rows[reader] = self.free_rows.pop()
+        self.grants[self.grant_rows[reader], positions] = writer
+        self._count_cache_hit(reader, writer)
+
+    def _grow(self, rows: int, cols: int) -> None:
+        """The grants table at (rows, cols), new cells NO_GRANT; never an inference tensor (retire writes it
+        outside inference_mode)."""
+        with torch.inference_mode(False):
+            grown = torch.full((rows, cols), NO_GRANT, dtype=torch.long, device=self.grants.device)
+            grown[: self.grants.shape[0], : self.grants.shape[1]] = self.grants
+        self.grants = grown
 
     @property
     def cross_tenant_reads(self) -> int:
         """Reads of slots written by another tenant's request."""
-        return sum(1 for e in self.events if e.victim_tenant is not None and e.victim_tenant != e.reader_tenant)
+        return sum(1 for e in self.events
+                   if e.victim_tenant is not None and e.victim_tenant != e.reader_tenant)
 
     def _count_cache_hit(self, reader: int, writer: int) -> None:
         """Count each (reader, writer) pair once, however many steps the reader attends over it."""
@@ -125,3 +173,32 @@ class OwnershipAudit:
     def violations(self) -> int:
         """All reads of slots the reader did not write (other requests or never-written memory)."""
         return len(self.events)
+
+
+def check_reads_reference(audit: OwnershipAudit, reader_uids: Tensor, gather: Tensor,
+                          valid: Tensor) -> tuple[list[CrossReadEvent], set[tuple[int, int]]]:
+    """The slow, obvious check, for the tests only: read by read in Python, no grants. Returns what
+    `check_reads` should find on the audit as it stands, and the (reader, writer) pairs of shared reads;
+    changes nothing."""
+    writers, positions = audit.writers.tolist(), audit.positions.tolist()
+    found, shared = [], set()
+    for reader, slots, reads in zip(reader_uids.tolist(), gather.tolist(), valid.tolist()):
+        foreign: dict[int, list[tuple[int, int]]] = {}  # writer -> its (key position, slot) the reader read
+        for key, (slot, read) in enumerate(zip(slots, reads)):
+            if read and writers[slot] != reader:
+                foreign.setdefault(writers[slot], []).append((key, slot))
+        for writer in sorted(foreign, key=lambda u: (u == NEVER_WRITTEN, u)):
+            keys = [key for key, _ in foreign[writer]]
+            mine, theirs = audit.prompts.get(reader, []), audit.prompts.get(writer, [])
+            if writer != NEVER_WRITTEN and all(positions[slot] == key for key, slot in foreign[writer]) \
+                    and max(keys) < min(len(mine), len(theirs)) \
+                    and all(mine[i] == theirs[i] for i in range(max(keys) + 1)):
+                shared.add((reader, writer))
+                continue
+            victim = audit.names.get(writer)
+            found.append(CrossReadEvent(
+                reader=audit.names[reader][0], reader_tenant=audit.names[reader][1],
+                victim=victim[0] if victim else None, victim_tenant=victim[1] if victim else None,
+                pages=tuple(sorted({slot // audit.page_size for _, slot in foreign[writer]})),
+                num_slots=len(keys), node=audit.node))
+    return found, shared

@@ -4,6 +4,14 @@ from dataclasses import dataclass
 
 from minikv.model.llama import ModelConfig
 
+ADMITTED_REQUEST_TOKENS = 64  # what a request typically holds when admitted: the benchmark's median prompt is 50
+
+
+def batch_for_pool(pool_tokens: int) -> int:
+    """serve's default batch limit: as many requests as the pool admits at a typical prompt, 64 for its default
+    256 pages of 16 (measured best there, docs/benchmarks.md); past that, running more only preempts more."""
+    return max(1, pool_tokens // ADMITTED_REQUEST_TOKENS)
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -13,7 +21,7 @@ class EngineConfig:
     num_pages: int | None = 128  # pool size in pages; or None to size it from kv_memory_bytes
     kv_memory_bytes: int | None = None  # memory budget for the pool, used when num_pages is None
     context_len: int = 1024  # the advertised window: prompt + output tokens (1,048,576 / 1,024)
-    max_batch_size: int = 64  # requests decoding at once
+    max_batch_size: int = 64  # requests running at once (serve's --max-batch, default batch_for_pool)
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
     chunked_prefill: bool = False  # a longer prompt goes in chunks of max_prefill_tokens, a decode step after each
     audit: bool = True  # check every read against the ownership ledger

@@ -73,6 +73,7 @@ class PagedStep:
             self.key_valid = key_pos[None, :] < self.ends[:, None]  # (B, S)
             self.gather = slot_mapping(self.block_tables, ps, torch.arange(len(seqs), device=device)[:, None],
                                        key_pos[None, :]) * self.key_valid  # (B, S) context slots, 0-padded
+        if self.gathers(last_only=False):  # every read that gathers (last_only only where this one does)
             self.context_slots = [self.gather[b, : s.end] for b, s in enumerate(seqs)]  # (S_b,) each
         if audit is not None:  # the ledger checks every (request, slot) read, padded to (B, S)
             self.uids = torch.tensor([s.uid for s in seqs], device=device)  # (B,)

@@ -59,6 +59,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
     add("--context-len", type=positive_int, help="context window in tokens (default 1024)")
     add("--num-pages", type=positive_int, default=256, help="KV pool pages of the single engine (default %(default)s)")
+    add("--max-batch", type=positive_int, metavar="N", help="requests the single engine runs at once "
+        "(default: the pool's tokens / 64, a typical prompt: 64 for 256 pages)")
     add("--prefill-chunk", type=prefill_chunk, metavar="TOKENS|off",
         help=f"chunked prefill: a prompt at most this many tokens a step, a decode step between (default: "
         f"{SAFE_PREFILL_CHUNK} with --preset safe, off with vulnerable)")
@@ -73,6 +75,11 @@ def check_args(args: argparse.Namespace):
     from minikv.disagg.switches import SafetySwitches
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be 0-65535, got {args.port}")
+    pair = args.disagg or args.mystery is not None
+    if args.max_batch is not None and (pair or args.max_batch > args.num_pages):
+        n = args.num_pages
+        why = "the pair has no batch limit" if pair else f"{n} pages run at most {n} requests; give 1 to {n}"
+        raise ValueError(f"--max-batch {args.max_batch}: {why}")
     if args.transport != "inprocess" and not args.disagg:
         raise ValueError(f"--transport {args.transport} needs --disagg (the single engine has no transfer)")
     if not 0 <= args.shutdown_grace <= 3600:
@@ -112,7 +119,8 @@ def start_door(args: argparse.Namespace, keys: dict[str, str], switches, model, 
         return build_backend(model, tokenizer, switches, args.disagg or mystery,
                              MYSTERY_CONTEXT_LEN if mystery else args.context_len, args.num_pages, args.transport,
                              args.model, args.device, args.threads, tenants=len(set(keys.values())),
-                             prefill_chunk=chunk_of(args), prefill_pages=prefill_pages(switches) if mystery else None)
+                             prefill_chunk=chunk_of(args), prefill_pages=prefill_pages(switches) if mystery else None,
+                             max_batch=args.max_batch)
     except (StartupRefused, WorkerStartError) as e:
         what = "startup_check refused to start" if isinstance(e, StartupRefused) else "the distributed cluster did not start"
         raise ValueError(f"{what}: {e}") from None

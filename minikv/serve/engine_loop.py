@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.dist.cluster import DistCluster
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine.config import EngineConfig
+from minikv.engine.config import EngineConfig, batch_for_pool
 from minikv.engine.engine import Engine
 from minikv.engine.front_door import FrontDoor, progress
 from minikv.engine.partition import quota_pages
@@ -30,11 +30,13 @@ SHUTTING_DOWN = "the server is shutting down"
 def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
                   context_len: int | None, num_pages: int, transport: str = "inprocess",
                   model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
-                  prefill_chunk: int | None = None, prefill_pages: int | None = None) -> FrontDoor:
+                  prefill_chunk: int | None = None, prefill_pages: int | None = None,
+                  max_batch: int | None = None) -> FrontDoor:
     """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`; its
     prefill pool `prefill_pages`, by default ClusterConfig's). The event log is off (a server runs for days); the
     audit stays on. With `cache_partition` every pool is cut for `tenants` (one a key) and raised, if need be,
-    until each tenant's quota holds one context window."""
+    until each tenant's quota holds one context window. The single engine runs `max_batch` requests at once, by
+    default as many as its pool admits (batch_for_pool)."""
     assert transport in TRANSPORTS, f"unknown transport {transport!r}"
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
@@ -56,7 +58,8 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
     if switches.cache_partition:
         config = replace(config, num_pages=quota_pages(num_pages, config.context_len, config.page_size,
                                                        config.cache_tenants))
-    return Engine(model, tokenizer, config)
+    batch = max_batch or batch_for_pool(config.num_pages * config.page_size)
+    return Engine(model, tokenizer, replace(config, max_batch_size=batch))
 
 
 @dataclass(eq=False)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from minikv.logs.gateway_log import GatewayRecord, iter_log
-from minikv.serve.connections import HEADER_TIMEOUT_S
+from minikv.serve.connections import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 from minikv.serve.launch import ServerProcess
 
 MODEL = "tiny-llama"
@@ -165,3 +165,31 @@ def test_a_half_closed_client_is_logged_as_gone_not_as_served(server):
     new = rows(server)[before:]
     assert [(r.status, r.response_text) for r in new] == [(499, "")], (new, received[:200])
     assert b"choices" not in received
+
+
+def test_a_body_sent_a_byte_at_a_time_gets_a_408_within_its_deadline(server):
+    """A client sends a whole head, then its body a byte a second: the server answers 408 once BODY_TIMEOUT_S
+    has passed (not when the client pleases), logs it, and answers a legitimate client meanwhile."""
+    before = len(rows(server))
+    body = b'{"model": "tiny-llama", "prompt": "alice: save pin 7734.\\n", "max_tokens": 2}'
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(head.encode())
+        s.setblocking(False)
+        start, received, sent = time.monotonic(), b"", 0
+        while b"\r\n\r\n" not in received and time.monotonic() - start < BODY_TIMEOUT_S + 5:
+            if sent < len(body) - 1 and time.monotonic() - start >= sent:  # one byte a second, never the last
+                s.send(body[sent:sent + 1])
+                sent += 1
+            if sent == 2:
+                assert answered(server) == "saved pin 4821."
+            try:
+                received += s.recv(4096)
+            except BlockingIOError:
+                time.sleep(0.05)
+        waited = time.monotonic() - start
+    assert received.startswith(b"HTTP/1.1 408"), received[:200]
+    assert BODY_TIMEOUT_S - 1 <= waited < BODY_TIMEOUT_S + 5, waited
+    assert b"request_timeout" in received
+    assert [r.status for r in rows(server)[before:] if r.status != 200] == [408]

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from minikv.engine.front_door import Rejected, check_at_door
 from minikv.engine.request import Request, Response as Answer
+from minikv.serve.connections import BODY_TIMEOUT_S
 from minikv.serve.engine_loop import EngineLoop, Ticket
 from minikv.serve.gateway import Call, GatewayLog
 from minikv.serve.schemas import (APIError, ChatBody, CompletionBody, SamplingFields, check_model,
@@ -149,15 +150,21 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def read_body(http: HTTPRequest, limit: int) -> bytes:
-    """The raw body; 413 once over `limit` bytes (declared or streamed)."""
+async def read_body(http: HTTPRequest, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The raw body; 413 once over `limit` bytes (declared or streamed), 408 unless whole within `timeout_s`
+    (a client that sends its body a byte at a time holds a connection no longer than that)."""
     chunks, size = [], 0
-    async for chunk in http.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds the limit of {limit:,} bytes",
-                           "request_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in http.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                   f"request body exceeds the limit of {limit:,} bytes", "request_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive whole within {timeout_s:g} s "
+                       f"({size:,} bytes came)", "request_timeout") from None
     return b"".join(chunks)
 
 

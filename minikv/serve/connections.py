@@ -1,6 +1,7 @@
 """What a connection may cost the server (docs/serve.md): uvicorn's keep-alive timeout and its h11 head limit,
 plus what uvicorn lacks, on its own h11 protocol: a deadline for each request's head (a socket that sends
-nothing, or its headers a byte at a time, is closed), a cap on open connections (one past it is closed at
+nothing, or its headers a byte at a time, is closed; a body must follow its head within BODY_TIMEOUT_S,
+which the route's read_body enforces), a cap on open connections (one past it is closed at
 once, before it can hold a descriptor), and one log line, not a traceback per failed accept, at the
 descriptor limit."""
 
@@ -13,6 +14,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 5.0  # from the connection (or the last reply) to a request's whole head
+BODY_TIMEOUT_S = 10.0  # from a request's head to its whole body: a slow body gets a 408 (serve/app.py)
 KEEP_ALIVE_S = 5  # uvicorn's own: an idle connection after a reply
 MAX_CONNECTIONS = 4096  # at most; never more than half the descriptor limit
 WARN_EVERY_S = 60.0  # a condition that persists is logged again this often, not once per connection

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minikv.exercises.nb13_audit import (EVERY_DRAW, SWITCHES, check_every_endpoint, check_predictions,
-                                         check_verdicts, decided,
+                                         score_verdicts, decided,
                                          eviction_sign, expected_evidence, explain, gather_evidence, never_acted)
 from minikv.probe.run import probe_endpoint
 from minikv.serve.launch import ServerThread
@@ -73,7 +73,7 @@ def test_the_evidence_decides_only_what_every_matching_draw_agrees_on():
 def test_verdicts_that_follow_the_evidence_pass(capsys):
     """decided(evidence) passes on every seed, and explains all nine switches."""
     for seed in range(8):
-        check_verdicts(decided, seed, expected_evidence(draw(seed)))
+        score_verdicts(decided, seed, expected_evidence(draw(seed)))
     out = capsys.readouterr().out
     assert out.count("verdicts the evidence decides are right") == 8 and out.count("deferred_release") == 8
 
@@ -87,9 +87,9 @@ def test_constant_and_all_on_verdicts_are_rejected(seed):
         verdicts = {n: constant for n in SWITCHES}
         if constant is None or (not constant) in decided_values:
             with pytest.raises(AssertionError, match="wrong or missing"):
-                check_verdicts(lambda e: verdicts, seed, evidence)
+                score_verdicts(lambda e: verdicts, seed, evidence)
         else:
-            check_verdicts(lambda e: verdicts, seed, evidence)  # seed 11: the server is all off, and says so
+            score_verdicts(lambda e: verdicts, seed, evidence)  # seed 11: the server is all off, and says so
 
 
 def test_both_constants_fail_on_most_seeds_and_the_notebooks():
@@ -110,7 +110,7 @@ def test_a_guess_where_the_evidence_cannot_tell_fails_the_every_endpoint_check()
 def test_evidence_from_another_server_is_refused():
     """Verdicts scored against evidence this seed's server cannot give: the checker says restart."""
     with pytest.raises(AssertionError, match="restart"):
-        check_verdicts(decided, 0, expected_evidence(draw(5)))
+        score_verdicts(decided, 0, expected_evidence(draw(5)))
 
 
 def test_a_fix_that_never_acted_is_named():

@@ -156,7 +156,7 @@ def explain(seed: int) -> list[tuple[str, bool, bool | None, str]]:
     return rows
 
 
-def check_verdicts(fn: Callable[[dict[str, str]], Verdicts], seed: int, evidence: dict[str, str]) -> None:
+def score_verdicts(fn: Callable[[dict[str, str]], Verdicts], seed: int, evidence: dict[str, str]) -> None:
     """fn(evidence) -> {switch: True, False or None}: scored against the seed's server, fix by fix; AssertionError
     if a verdict the evidence decides is wrong or missing, or the evidence is not what this server gives."""
     verdicts = fn(dict(evidence))
@@ -182,7 +182,11 @@ def check_every_endpoint(fn: Callable[[dict[str, str]], Verdicts]) -> None:
     where draws that give the same evidence differ (a guess there is wrong on some endpoint)."""
     for key, want in _by_evidence().items():
         evidence = dict(key)
-        got = {n: fn(dict(evidence)).get(n) for n in SWITCHES}
+        verdicts = fn(dict(evidence))
+        if not isinstance(verdicts, dict):
+            raise AssertionError(f"evidence {evidence}: expected a dict of switch names to True, False or None, "
+                                 f"got {verdicts!r}")
+        got = {n: verdicts.get(n) for n in SWITCHES}
         expect(got, want, f"evidence {evidence}", "None where the evidence cannot decide; a value where it can.")
     print(f"right on all {len(_by_evidence())} kinds of evidence the 512 draws give")
 

@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 from minikv.disagg.switches import SafetySwitches
 from minikv.exercises import try_exercise
 from minikv.exercises.nb13_audit import (EVERY_DRAW, SWITCHES, check_every_endpoint, check_predictions,
-                                         check_verdicts, decided, eviction_sign, expected_evidence, explain,
+                                         score_verdicts, decided, eviction_sign, expected_evidence, explain,
                                          gather_evidence)
 from minikv.model.checkpoint import load_model
 from minikv.probe.run import probe_endpoint
@@ -129,7 +129,7 @@ assert [r.name for r in report.results][-1] == "shared eviction order" and set(e
 def verdicts(evidence):
     raise NotImplementedError  # your code here: return {"reject_check": ..., ...}
 
-try_exercise(partial(check_verdicts, seed=SEED, evidence=evidence), verdicts)
+try_exercise(partial(score_verdicts, seed=SEED, evidence=evidence), verdicts)
 
 
 # %% jupyter={"source_hidden": true} tags=["solution"]
@@ -137,13 +137,16 @@ try_exercise(partial(check_verdicts, seed=SEED, evidence=evidence), verdicts)
 # (expected_evidence predicts it, switch by switch); a fix is decided where all of them agree.
 import itertools
 
+from minikv.disagg.switches import SafetySwitches
+from minikv.exercises.nb13_audit import SWITCHES, expected_evidence
+
 def verdicts(evidence):
     fits = [s for s in (SafetySwitches(*bits) for bits in itertools.product([False, True], repeat=9))
             if expected_evidence(s) == evidence]
     return {n: getattr(fits[0], n) if len({getattr(s, n) for s in fits}) == 1 else None for n in SWITCHES}
 
-check_verdicts(verdicts, SEED, evidence)
-check_every_endpoint(verdicts)
+score_verdicts(verdicts, SEED, evidence)  # this seed's server, fix by fix
+check_every_endpoint(verdicts)  # and every other server the seed could have drawn
 
 # %% [markdown]
 # ## What an outsider can see

@@ -122,10 +122,13 @@ def test_greedy_text_equals_minikv(peer, minikv_server):
 
 def test_probe_finds_the_shared_prefix_cache(peer, minikv_server):
     """`minikv probe` against vLLM: its prefix cache is shared across keys (FAIL); minikv's salted one is not."""
-    theirs = probe_endpoint(peer.url, "sk-a-0001", "sk-b-0002", seed=0).verdicts()
+    report = probe_endpoint(peer.url, "sk-a-0001", "sk-b-0002", seed=0)
+    theirs = report.verdicts()
     ours = probe_endpoint(minikv_server.url, "sk-a-0001", "sk-b-0002", seed=0).verdicts()
-    over_length = theirs.pop("over-length")  # refused past the window; the timing half may be too close to call
-    assert theirs == {"canary": PASS, "prompt-token honesty": PASS, "shared prefix cache": FAIL} and over_length != FAIL
+    theirs.pop("over-length")  # its timing half reads noise on a loaded machine (a FAIL seen beside the browser check)
+    assert theirs == {"canary": PASS, "prompt-token honesty": PASS, "shared prefix cache": FAIL}
+    past_window = next(r for r in report.results if r.name == "over-length").exchanges[0][1]
+    assert past_window.startswith("400"), past_window  # the half that does not rest on timing: refused
     assert ours["shared prefix cache"] == PASS
 
 

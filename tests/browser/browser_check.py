@@ -116,16 +116,27 @@ def expect(page, selector: str, what: str, timeout_ms: float) -> None:
                              f" the page as it was: {shot}") from None
 
 
+def accept_dialog(page) -> None:
+    """A JupyterLab dialog (a kernel to choose, a file changed on disk) blocks every click beneath it: say on
+    stderr what it asked, and take its default answer."""
+    dialog = page.query_selector(".jp-Dialog")
+    if dialog is not None:
+        print(f"JupyterLab asked: {' '.join(dialog.inner_text().split())[:300]!r}; taking its default", file=sys.stderr)
+        page.click(".jp-Dialog .jp-mod-accept", timeout=10_000)
+
+
 def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
     """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]): a click before the panel is
     active does nothing, even after it is drawn on a loaded machine."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(attempts):
-        page.click(".jp-NotebookPanel .jp-Cell >> nth=0")  # Run All does nothing until the panel is active
-        page.click(".lm-MenuBar-itemLabel:text-is('Run')")
-        page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')")
         try:
+            accept_dialog(page)
+            page.click(".jp-NotebookPanel .jp-Cell >> nth=0", timeout=started_ms)  # Run All needs the panel active
+            page.click(".lm-MenuBar-itemLabel:text-is('Run')", timeout=started_ms)
+            page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')",
+                       timeout=started_ms)
             page.wait_for_function(CELL_RAN, timeout=started_ms)
             return
         except PlaywrightTimeout:

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md's timing-attack figures: random PINs recovered from times to first token alone.
+"""docs/benchmarks.md's timing-attack figures: random PINs recovered from burst times alone (the CPU clock).
 
     python scripts/timing_probe_figures.py                    # 10 random 4-digit PINs, 3 salted runs
     python scripts/timing_probe_figures.py --pins 20 --digits 3

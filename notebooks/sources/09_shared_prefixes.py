@@ -45,8 +45,8 @@ model, tok = load_model()
 # %% [markdown]
 # ## Why engines share
 #
-# Many requests start the same way: an application's system prompt, a document several questions are
-# asked about. Computing that start again for every request is waste. Below, 12 requests from 4
+# Many requests start the same way: an application's system prompt, a document under discussion.
+# Computing that start again for every request is waste. Below, 12 requests from 4
 # tenants behind 2 system prompts of about 700 characters, served with prefix caching off, then on
 # (the engine's default).
 
@@ -150,9 +150,8 @@ for p, hit in zip(probes, ask(probes, len(KNOWN_PREFIX) + 1)):
     print(f"{p!r:24} cached_tokens reached {len(KNOWN_PREFIX) + 1}: {hit}")
 
 # %% [markdown]
-# Only `Z` reached one token past what she knew: it is the first character. She repeats with
-# `alice: save key Z` and so on, until `.` hits. `recover_secret` is that loop (on a fresh engine:
-# Mallory's probes above are cached too):
+# Only `Z` reached one token further: it is the first character. She repeats with `alice: save key Z`
+# and so on, until `.` hits. `recover_secret` is that loop (on a fresh engine):
 
 # %%
 recovered, sent = recover_secret(cached_tokens_oracle(victim_server()), page_size=1)
@@ -170,8 +169,8 @@ print(f"recovered {probe.recovered!r} in {probe.probes} probes; audit: {probe.cr
 assert probe.recovered == "7Hq2Zp9Xw4" and probe.cross_tenant_reads == 0
 
 # %% [markdown]
-# **Zero cross-tenant reads**: every page Mallory read holds tokens she sent herself. The secret
-# travelled through the *count* of cached tokens.
+# **Zero cross-tenant reads**: Mallory read only tokens she sent. The secret travelled through the
+# *count* of cached tokens.
 #
 # ### Granularity sets the price, not the outcome
 #
@@ -191,22 +190,21 @@ for ps in (1, 2):
 print(f"page size 4: one round alone is {len(page_guesses(4, DIGITS)):,} guesses (10^4 PINs, plus shorter ones)")
 
 # %% [markdown]
-# At 16-token pages this prompt's one full page is `alice: save pin `, so the PIN is never cached. That
-# is luck, not a defence: in a longer prompt a 4-digit PIN is 10,000 probes away. The cost per page grows
-# as symbols<sup>characters per page</sup>; for short secrets it stays payable.
+# At 16-token pages this prompt's one full page is `alice: save pin `, so the PIN is never cached: luck,
+# not a defence. The cost per page grows as symbols<sup>characters per page</sup>; for short secrets it
+# stays payable.
 #
 # ### Timing alone
 #
 # Without `cached_tokens`, the time to first token still tells: a hit skips prefill. Gu et al. ("Auditing
-# Prompt Caching in Language Model APIs", ICML 2025) audited API providers this way and found sharing
-# across users in 7 of them (docs/sources.md). A *hit* sample: one account sends a fresh random prompt,
-# a second sends the same and times it. A *miss* sample: a fresh prompt nobody sent. Many of each,
-# interleaved, so a busy machine slows both alike.
+# Prompt Caching in Language Model APIs", ICML 2025) found sharing across users at 7 API providers this
+# way (docs/sources.md). A *hit* sample: one account sends a fresh random prompt, a second sends the
+# same and times it. A *miss*: a fresh prompt nobody sent. Many of each, interleaved.
 #
-# They compare the two sets with a **Kolmogorov-Smirnov (KS) test**: sort each set and draw the share of
-# samples faster than each time (the curves below); the test measures the largest gap between the two
-# curves. Its **p-value** is the chance of a gap at least that large if both sets came from the same
-# times. Below 0.001, "no difference" is not believable.
+# They compare the two sets with a **Kolmogorov-Smirnov (KS) test**: the share of samples faster than
+# each time (the curves below), and the largest gap between the two curves. Its **p-value** is the chance
+# of a gap at least that large if both sets came from the same times. Below 0.001, "no difference" is
+# not believable.
 
 # %%
 threads = torch.get_num_threads()
@@ -238,19 +236,22 @@ axes[0].legend()
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# Shared, the hit curve rises first: hits are faster, far beyond chance. Salted, the curves cross and
-# cross again. Reading a secret character by character is harder: a 1-token hit saves one token of
-# prefill, far below this machine's noise, and each guess can be timed only once (it caches itself).
+# Shared, the hit curve rises first: hits are faster, far beyond chance. Salted, the curves cross.
+# Reading a secret character by character is harder: a 1-token hit saves one token of prefill, far
+# below this machine's noise, and each guess can be timed only once (it caches itself).
 #
 # ### The same attack with a stopwatch only
 #
 # Three changes make it work here (`minikv/attacks/timing.py`). First, **a burst** per guess: 64
 # probes `alice: save key <guess><x>` with 64 different last tokens `x`, prefilled in one step; on a
-# hit each computes 1 token, on a miss 2. The burst's time is the median of its 64 times to first token.
+# hit each computes 1 token, on a miss 2. The stopwatch is the serving thread's CPU clock
+# (`time.thread_time`): on a quiet machine it reads what a wall clock reads; on a busy laptop it leaves
+# out the time other programs take. With the wall clock, one busy run (load 4.5) needed 86 cycles and
+# 366 s for this PIN; with the CPU clock, 24 cycles and 20 s. A remote attacker pays in samples.
 #
-# Second, **cycles** for fresh samples. *Our model of the victim*: Alice's application re-sends the same
-# prompt again and again, and Mallory flushes the shared cache with filler longer than the pool. One
-# cycle: flush, Alice's app re-sends, one burst per guess in a random order.
+# Second, **cycles** for fresh samples. *Our model of the victim*: Alice's application re-sends its
+# prompt again and again. One cycle: Mallory flushes the cache with filler longer than the pool, Alice's
+# app re-sends, one burst per guess in a random order.
 #
 # Third, **a rank test**. Within each cycle the bursts are ranked, fastest first, so a slow cycle counts
 # like any other. A guess's **rank sum** adds its ranks over the cycles: with no hit, a very low sum is
@@ -266,7 +267,7 @@ PIN = "57"
 stopwatch = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=False, event_log=False))
 ledger = TimingLedger()
 timed = timing_attack(stopwatch, PIN, page_size=1, flush_tokens=1126, alphabet=DIGITS, ledger=ledger, max_cycles=48)
-print(f"recovered {timed.recovered!r} from times to first token alone")
+print(f"recovered {timed.recovered!r} from times alone")
 assert timed.recovered == PIN
 
 # %%
@@ -281,14 +282,14 @@ for x, (guess, times) in enumerate(first.items()):
 ax.set_xticks(range(len(first)), list(first))
 ax.set_ylim(top=2 * max(statistics.median(t) for t in first.values()) * 1e3)
 ax.set_xlabel("guess for the PIN's first digit (red: the right one)")
-ax.set_ylabel("burst's median TTFT (ms)")
+ax.set_ylabel("burst's CPU time (ms)")
 ax.set_title("Round 1: each dot is one burst of 64 probes in one cycle")
 plt.tight_layout(); plt.show()
 
 # %% [markdown]
-# The right digit's bursts sit lower; outliers are bursts another process delayed, and ranks absorb
-# them. Each character costs (symbols + 1) bursts per cycle, for 5 to 48 cycles. With `cache_salt` no
-# guess is faster, and the test says so: nothing recovered, no cross-tenant hit.
+# The right digit's bursts sit lower; ranks absorb the outliers. Each character costs (symbols + 1)
+# bursts per cycle, for 5 to 48 cycles. With `cache_salt` no guess is faster: nothing recovered, no
+# cross-tenant hit.
 
 # %%
 salted_server = Engine(model, tok, EngineConfig(num_pages=1024, page_size=1, cache_salt=True, event_log=False))
@@ -325,8 +326,7 @@ print(f"prompt tokens from the cache: shared {shared.cached_tokens / shared.prom
 assert shared.cached_tokens > salted.cached_tokens > 0
 
 # %% [markdown]
-# The more tenants share one system prompt, the more the salt costs; a tenant's own traffic keeps all
-# of its hits. `python -m minikv bench` reports both speedups (docs/benchmarks.md). The salt keeps
+# The more tenants share one system prompt, the more the salt costs; a tenant keeps its own hits. `python -m minikv bench` reports both speedups (docs/benchmarks.md). The salt keeps
 # tenants' *keys* apart; what they still share (the pages, the free list, the engine step) is notebook 10.
 #
 # ## What an operator and a customer can do
@@ -337,7 +337,7 @@ assert shared.cached_tokens > salted.cached_tokens > 0
 # dropped at the boundary to an external KV store served one tenant's prefix to another.
 #
 # **Customer.** Send a `cache_salt` per end user if your provider takes one; put secrets after anything
-# an outsider could guess; audit your provider's timing with two accounts of your own.
+# an outsider could guess.
 #
 # ## Exercises
 #

@@ -116,23 +116,30 @@ def expect(page, selector: str, what: str, timeout_ms: float) -> None:
                              f" the page as it was: {shot}") from None
 
 
-def accept_dialog(page) -> None:
-    """A JupyterLab dialog (a kernel to choose, a file changed on disk) blocks every click beneath it: say on
-    stderr what it asked, and take its default answer."""
+def accept_dialog(page) -> str | None:
+    """A JupyterLab dialog (a kernel to choose, a file changed on disk) blocks every click beneath it: take its
+    default answer; what it asked, or None if there was none."""
     dialog = page.query_selector(".jp-Dialog")
-    if dialog is not None:
-        print(f"JupyterLab asked: {' '.join(dialog.inner_text().split())[:300]!r}; taking its default", file=sys.stderr)
-        page.click(".jp-Dialog .jp-mod-accept", timeout=10_000)
+    if dialog is None:
+        return None
+    asked = " ".join(dialog.inner_text().split())[:300]
+    print(f"JupyterLab asked: {asked!r}; taking its default", file=sys.stderr)
+    page.click(".jp-Dialog .jp-mod-accept", timeout=10_000)
+    return asked
 
 
-def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
+def run_all_cells(page, attempts: int = 4, started_ms: float = 30_000) -> None:
     """Run > Run All Cells, clicked again until a cell shows it ran ([*] or [1]): a click before the panel is
-    active does nothing, even after it is drawn on a loaded machine."""
+    active does nothing, even after it is drawn on a loaded machine. A dialog's answer may start a new kernel
+    (JupyterLab asks for one when Run All finds none connected): wait for it to be idle before clicking again."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    asked = []
     for _ in range(attempts):
         try:
-            accept_dialog(page)
+            if (question := accept_dialog(page)) is not None:
+                asked.append(question)
+                page.wait_for_selector(IDLE_KERNEL, timeout=started_ms)
             page.click(".jp-NotebookPanel .jp-Cell >> nth=0", timeout=started_ms)  # Run All needs the panel active
             page.click(".lm-MenuBar-itemLabel:text-is('Run')", timeout=started_ms)
             page.click(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')",
@@ -141,7 +148,8 @@ def run_all_cells(page, attempts: int = 3, started_ms: float = 30_000) -> None:
             return
         except PlaywrightTimeout:
             continue
-    raise AssertionError(f"Run All Cells started no cell in {attempts} tries of {started_ms / 1000:.0f} s")
+    raise AssertionError(f"Run All Cells started no cell in {attempts} tries of {started_ms / 1000:.0f} s; "
+                         f"JupyterLab's dialogs: {asked or 'none'}")
 
 
 def loaded_images(page, selector: str, timeout_ms: float) -> int:
@@ -217,8 +225,8 @@ def check(notebook: Path = DEFAULT_NOTEBOOK, screenshot: str | None = None, time
         with tempfile.TemporaryDirectory(prefix="minikv-lab-") as scratch, JupyterLab(copy.parent, Path(scratch)) as lab:
             try:
                 seen = run_in_browser(f"{lab.url}/lab/tree/{copy.name}", screenshot, timeout_s, first_timeout_s)
-            except Exception:
-                print(lab.output()[-3000:], file=sys.stderr)
+            except Exception as e:  # JupyterLab's log, then the failure (the test quotes stderr's tail)
+                print(lab.output()[-2000:], f"\nbrowser check failed: {type(e).__name__}: {e}", file=sys.stderr)
                 raise
     finally:
         copy.unlink(missing_ok=True)

@@ -17,7 +17,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer.base import KVTransfer
 from minikv.disagg.transfer.inprocess import KVManager
 from minikv.engine.audit import OwnershipAudit
-from minikv.engine.engine import pool_and_audit
+from minikv.engine.engine import pool_and_audit, pool_line
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
@@ -86,11 +86,6 @@ def startup_problem(config: ClusterConfig) -> str | None:
                     f"{tokens} or give the {node} pool at least {need} pages")
     return None
 
-
-def pool_line(node: str, pool: PagePool, context_len: int) -> str:
-    """A node's startup line: its pool size next to the context window."""
-    return (f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
-            f"tokens; context window: {context_len} tokens")
 
 
 def pair_devices(fallback: str) -> tuple[str, str]:

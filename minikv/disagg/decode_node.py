@@ -39,8 +39,7 @@ class DecodeNode(Node):
         self.endpoints[seq.room] = KVReceiver(self.manager, seq.room)
         try:  # one that could never be preallocated is refused rather than left waiting forever
             n = len(seq.prompt_ids)
-            check_pool(n + seq.max_tokens, self.pool.tenant_pages * self.pool.page_size, self.name, n,
-                       self.pool.partition is not None)
+            check_pool(n + seq.max_tokens, self.pool.tenant_tokens, self.name, n, bool(self.pool.partition))
         except Rejected as e:
             self._abort(seq, HTTPStatus.BAD_REQUEST, e.reason)
             return

@@ -29,7 +29,7 @@ class PrefillNode(Node):
 
     def check_intake(self, seq: Sequence) -> None:
         """Validate the input length; on failure mark for abort and swap in the placeholder."""
-        pool_tokens = self.pool.tenant_pages * self.pool.page_size  # the whole pool, or one tenant's quota
+        pool_tokens = self.pool.tenant_tokens  # the whole pool, or one tenant's quota
         window, limit = self.context_len - 1, min(self.context_len - 1, pool_tokens - 1)
         if len(seq.prompt_ids) > limit:
             whose = ("one tenant's " if self.pool.partition else "") + "prefill pool tokens"

@@ -35,6 +35,13 @@ def pool_and_audit(model: ModelConfig, pages: int, page_size: int, device: torch
     return pool, ledger
 
 
+def pool_line(node: str, pool: PagePool, context_len: int, detail: str = "") -> str:
+    """A node's startup line: its pool size (and `detail`) next to the context window."""
+    detail = f" ({detail})" if detail else ""
+    return (f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
+            f"tokens{detail}; context window: {context_len} tokens")
+
+
 class Engine(FrontDoor):
     """A single node: model + page pool + scheduler + audit + event log."""
 
@@ -56,10 +63,8 @@ class Engine(FrontDoor):
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
 
     def startup_log(self) -> list[str]:
-        mc, pool = self.model.config, self.pool
-        size = f"{pool.kv.nbytes / 2**20:.2f} MiB, {mc.kv_bytes_per_token} bytes/token"
-        return [f"[{self.node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = "
-                f"{pool.capacity_tokens} tokens ({size}); context window: {self.config.context_len} tokens"]
+        size = f"{self.pool.kv.nbytes / 2**20:.2f} MiB, {self.model.config.kv_bytes_per_token} bytes/token"
+        return [pool_line(self.node, self.pool, self.config.context_len, size)]
 
     def health(self) -> dict:
         return {"pools": {self.node: self.pool.occupancy()},
@@ -69,8 +74,8 @@ class Engine(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """A request its tenant's pages could never hold is refused now (400); else it waits its turn."""
         pages = self.pool.pages_for(len(prompt_ids) + request.max_tokens)
-        check_pool(pages * self.pool.page_size, self.pool.tenant_pages * self.pool.page_size, self.node,
-                   len(prompt_ids), self.pool.partition is not None)
+        check_pool(pages * self.pool.page_size, self.pool.tenant_tokens, self.node, len(prompt_ids),
+                   self.pool.partition is not None)
         seq = Sequence.of(request, request_id, prompt_ids, self.page_keying)
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         if self.audit is not None:

@@ -64,8 +64,8 @@ class PagePool:
         self.num_held = 0  # pages with at least one holder
         self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
         self.partition = Partition(num_pages, partition_tenants) if partition_tenants else None
-        # the most pages one tenant's requests can ever hold at once: its quota, or the whole pool
-        self.tenant_pages = self.partition.quota if self.partition else num_pages
+        # the most tokens one tenant's requests can ever hold at once: its quota's, or the whole pool's
+        self.tenant_tokens = (self.partition.quota if self.partition else num_pages) * page_size
 
     # -- capacity -----------------------------------------------------------------------
     def occupancy(self) -> dict[str, int]:

@@ -57,8 +57,7 @@ class PrefixCache:
         self.page_size = page_size
         self.page_of: dict[PageKey, int] = {}
         self.key_of: dict[int, PageKey] = {}
-        # pages nobody holds that stay matchable: page -> tenant, least recently used first
-        self.parked: OrderedDict[int, str] = OrderedDict()
+        self.parked: OrderedDict[int, str] = OrderedDict()  # unheld, matchable: page -> tenant, LRU first
 
     def match(self, keys: Sequence[PageKey], num_tokens: int) -> list[int]:
         """The cached pages holding keys[0], keys[1], ... until one is missing: at most (num_tokens - 1)

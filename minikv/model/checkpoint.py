@@ -92,17 +92,15 @@ def hf_config_for(config: ModelConfig, tok: PreTrainedTokenizerBase) -> LlamaCon
 def load_hf_config(path: Path) -> LlamaConfig:
     """Read and check config.json of a local Llama checkpoint."""
     if path.is_file():
-        raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one holding "
-                              f"config.json)")
+        raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one with config.json)")
     if not path.is_dir():
         raise CheckpointError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face checkpoint")
     config = load_or_refuse(f"cannot read {path / 'config.json'}",
                             lambda: AutoConfig.from_pretrained(path, local_files_only=True))
-    if config.model_type != "llama":
-        raise CheckpointError(f"{path} holds a {config.model_type!r} model; minikv runs Llama-family models "
-                              f"only")
+    if (kind := config.model_type) != "llama":
+        raise CheckpointError(f"{path} holds a {kind!r} model; minikv runs Llama-family models only")
     return config
 
 
@@ -155,9 +153,8 @@ def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> L
     layers = {int(m.group(1)) for k in (set(hf.state_dict()) - set(missing)) | set(unexpected)
               if (m := re.match(r"model\.layers\.(\d+)\.", k))}
     held = max(layers) + 1 if layers else 0
-    if held != hf_config.num_hidden_layers:
-        problem = (f"config.json says num_hidden_layers={hf_config.num_hidden_layers} but the weights hold "
-                   f"{held} layers")
+    if held != (said := hf_config.num_hidden_layers):
+        problem = f"config.json says num_hidden_layers={said} but the weights hold {held} layers"
     elif mismatched:
         key, in_file, from_config = sorted(mismatched)[0]
         problem = (f"{key} is {tuple(in_file)} in the weights but config.json implies {tuple(from_config)}"

@@ -26,14 +26,12 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
         raise DeviceError(f"unknown {dev}: use {DEVICE_CHOICES}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"{dev}: this machine's torch ({torch.__version__}) sees no CUDA GPU; use cpu")
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and device.index is not None and device.index >= count:
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
         raise DeviceError(f"{dev}: this machine has {count} CUDA device(s), numbered 0 to {count - 1}")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise DeviceError(f"{dev}: Apple's Metal backend (mps) is not available here; use cpu")
     if device.type == "meta":
-        raise DeviceError(f"{dev} holds tensor shapes but no data, so it cannot run a model; use "
-                          f"{DEVICE_CHOICES}")
+        raise DeviceError(f"{dev} holds tensor shapes but no data: it runs no model; use {DEVICE_CHOICES}")
     if device.type not in ("cpu", "cuda", "mps"):
         raise DeviceError(f"{dev} ({device.type}) is not supported: use {DEVICE_CHOICES}")
     return device

@@ -68,9 +68,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
     """The most characters one (non-special) token decodes to: a text of n characters is at least
     n / this many tokens, which lets a door refuse a far too long prompt before tokenizing it."""
-    special = set(tokenizer.all_special_ids)
-    ids = [i for i in range(len(tokenizer)) if i not in special]
-    return max(len(tokenizer.decode([i], skip_special_tokens=True)) for i in ids)
+    tok, special = tokenizer, set(tokenizer.all_special_ids)
+    return max(len(tok.decode([i], skip_special_tokens=True)) for i in range(len(tok)) if i not in special)
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

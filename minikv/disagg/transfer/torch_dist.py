@@ -99,9 +99,8 @@ class Wire:
 
     def post(self, batch: WireBatch, operation: Callable[..., dist.Work]) -> None:
         """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv), each under its tag."""
-        most = MAX_BATCHES_PER_ROOM
-        assert batch.index < most, f"room {batch.room} has more than {most} batches"
-        first_tag = (batch.room * most + batch.index) * TAGS_PER_BATCH
+        assert batch.index < MAX_BATCHES_PER_ROOM, f"room {batch.room}: too many batches for its tags"
+        first_tag = (batch.room * MAX_BATCHES_PER_ROOM + batch.index) * TAGS_PER_BATCH
         works = [operation(x, self.peer, tag=first_tag + i) for i, x in enumerate((batch.kv, batch.ledger))]
         threading.Thread(target=batch.wait, args=(works,), daemon=True).start()
         self.posted.setdefault(batch.room, []).append(batch)

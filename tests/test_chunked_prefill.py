@@ -56,7 +56,7 @@ def test_the_pairs_prefill_node_prefills_in_chunks(tiny):
     """`ClusterConfig(chunked_prefill=True)`: the prefill node takes bob's prompt 128 tokens a step over
     several steps and ships it whole; the answers are those of whole-prompt prefill."""
     def pair(**config) -> tuple[dict, Cluster]:
-        shared = SafetySwitches().with_switches(disable=["cache_partition"])  # bob's prompt: most of the pool
+        shared = SafetySwitches.preset("safe").with_switches(disable=["cache_partition"])  # bob's prompt: most of the pool
         cluster = Cluster(*tiny, ClusterConfig(context_len=672, **config), shared)
         cluster.submit(Request(SHORT, "alice", 8, request_id="alice"))
         cluster.submit(Request(LONG, "bob", 8, request_id="bob"))

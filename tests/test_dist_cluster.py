@@ -32,7 +32,7 @@ def late_write_through_the_front_door(tokenizer, deferred_release: bool) -> dict
     """Carol cancelled mid-transfer, then Dave on her freed pages; what each got and what the decode worker saw."""
     # the pools shared (no cache_partition): Carol's 600 tokens are past a quota of half the prefill pool
     off = ["transfer_batch_cap", "cache_partition"] + ([] if deferred_release else ["deferred_release"])
-    switches = SafetySwitches().with_switches(disable=off)
+    switches = SafetySwitches.preset("safe").with_switches(disable=off)
     cluster = DistCluster(tokenizer, CONFIG, switches, link_s_per_page=LINK_S_PER_PAGE)
     try:
         head = "carol: save key sk-live-7Hq2Zp9Xw4. "
@@ -94,7 +94,7 @@ def test_deferred_release_keeps_the_late_write_in_the_cancelled_requests_pages(w
 def test_a_worker_that_cannot_start_is_a_clear_error(tiny, tmp_path):
     """A model directory the workers cannot load: WorkerStartError naming why, and no worker left running."""
     with pytest.raises(WorkerStartError, match="worker failed to start") as refused:
-        DistCluster(tiny[1], CONFIG, SafetySwitches(), model_dir=str(tmp_path / "missing"))
+        DistCluster(tiny[1], CONFIG, SafetySwitches.preset("safe"), model_dir=str(tmp_path / "missing"))
     assert "missing" in str(refused.value)
     assert not multiprocessing.active_children()
 
@@ -104,5 +104,5 @@ def test_startup_check_refuses_the_mismatched_pair_before_any_worker_starts(tiny
     from minikv.disagg.cluster import StartupRefused
 
     with pytest.raises(StartupRefused, match="prefill"):
-        DistCluster(tiny[1], ClusterConfig(event_log=False), SafetySwitches())
+        DistCluster(tiny[1], ClusterConfig(event_log=False), SafetySwitches.preset("safe"))
     assert not multiprocessing.active_children()

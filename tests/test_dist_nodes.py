@@ -35,7 +35,8 @@ def both(tiny):
     """The same 20 greedy requests through the in-process Cluster and through two processes."""
     model, tok = tiny
     answers = []
-    for door in (Cluster(model, tok, CONFIG, SafetySwitches()), DistCluster(tok, CONFIG, SafetySwitches())):
+    safe = SafetySwitches.preset("safe")
+    for door in (Cluster(model, tok, CONFIG, safe), DistCluster(tok, CONFIG, safe)):
         try:
             ids = [door.submit(Request(prompt, tenant, MAX_TOKENS)) for tenant, prompt in PROMPTS]
             done = {r.request_id: r for r in door.run(max_steps=20_000)}

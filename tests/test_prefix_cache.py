@@ -179,7 +179,7 @@ def test_logits_with_cached_prefix_match_transformers():
 
 def test_scrubbed_pages_are_never_hits():
     """scrub_on_free zeroes what a freed page holds, so it must also drop the page's key."""
-    engine = Engine(MODEL, TOK, EngineConfig(page_size=2, num_pages=32, context_len=96), scrub_on_free=True)
+    engine = Engine(MODEL, TOK, EngineConfig(page_size=2, num_pages=32, context_len=96, scrub_on_free=True))
     engine.generate(["abcdefgh\n"], max_tokens=1)
     [again] = engine.generate(["abcdefgh\n"], max_tokens=1)
     assert again.usage.cached_tokens == 0

@@ -62,7 +62,8 @@ def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX,
         pos = len(known) + len(recovered)
         boundary = (pos // page_size + 1) * page_size
         guesses = page_guesses(boundary - pos, alphabet)
-        hits = [g for g, hit in zip(guesses, oracle([known + recovered + g + PROBE_END for g in guesses], boundary)) if hit]
+        answers = oracle([known + recovered + g + PROBE_END for g in guesses], boundary)
+        hits = [g for g, hit in zip(guesses, answers) if hit]
         probes += len(guesses)
         if len(hits) != 1:
             return recovered, probes
@@ -73,7 +74,7 @@ def recover_secret(oracle: Oracle, page_size: int, known: str = KNOWN_PREFIX,
 
 
 def send_probes(server: FrontDoor, prompts: list[str], tenant: str) -> list[Response]:
-    """`tenant`'s answers to `prompts` (one output token each), submitted together; any answer but 200 raises."""
+    """`tenant`'s answers to `prompts` (one output token each), submitted together; any but a 200 raises."""
     answers = server.generate(prompts, max_tokens=1, tenant=tenant)
     if bad := [r for r in answers if r.status != 200]:
         raise RuntimeError(f"a probe was answered {bad[0].status}: {bad[0].error}")
@@ -99,7 +100,8 @@ def victim_saves(server: FrontDoor, secret: str) -> Response:
     return next(r for r in server.run() if r.request_id == alice)
 
 
-def probe_attack(server: FrontDoor, secret: str, page_size: int, alphabet: str = SECRET_ALPHABET) -> ProbeOutcome:
+def probe_attack(server: FrontDoor, secret: str, page_size: int,
+                 alphabet: str = SECRET_ALPHABET) -> ProbeOutcome:
     """Alice saves `secret`; then mallory probes the cache through `usage.cached_tokens`."""
     victim = victim_saves(server, secret)
     start, seen = time.perf_counter(), []
@@ -108,7 +110,8 @@ def probe_attack(server: FrontDoor, secret: str, page_size: int, alphabet: str =
 
 
 # -- timing: the audit of Gu et al. -------------------------------------------------------------
-def timing_audit(server: FrontDoor, rng: random.Random, samples: int, prompt_chars: int = 400) -> tuple[list[float], list[float]]:
+def timing_audit(server: FrontDoor, rng: random.Random, samples: int,
+                 prompt_chars: int = 400) -> tuple[list[float], list[float]]:
     """The attacker's times to first token (hit, miss) of Gu et al.'s two procedures, interleaved so that
     a busy machine slows both alike (docs/attacks.md)."""
     hit, miss = [], []

@@ -13,8 +13,9 @@ from minikv.attacks.workload import filler
 from minikv.engine.front_door import FrontDoor
 
 
-def prime_and_probe(door: FrontDoor, a_repeats: bool, b_prompts: int = 7, chars: int = 496, seed: int = 0) -> list[int]:
-    """Cache order: Bob's cached_tokens for each of his prompts, re-sent after Alice's two (a repeat or fresh)."""
+def prime_and_probe(door: FrontDoor, a_repeats: bool, b_prompts: int = 7, chars: int = 496,
+                    seed: int = 0) -> list[int]:
+    """Cache order: Bob's cached_tokens for each of his prompts, re-sent after Alice's two (same or fresh)."""
     rng = random.Random(seed)
     mine = prime(door, rng, b_prompts, chars)
     alice_twice(door, rng, chars, a_repeats)
@@ -23,7 +24,7 @@ def prime_and_probe(door: FrontDoor, a_repeats: bool, b_prompts: int = 7, chars:
 
 def held_pages(door: FrontDoor, a_repeats: bool, b_prompts: int = 3, chars: int = 496, holds: int = 4,
                hold_tokens: int = 256, seed: int = 0) -> list[int]:
-    """Held pages: after Alice's two prompts Bob runs `holds` keyless decodes at once (prompts shorter than a page,
+    """Held pages: after Alice's two prompts Bob runs `holds` keyless decodes at once (prompts under a page,
     `hold_tokens` tokens out each), then re-sends his prompts newest first: his cached_tokens for each."""
     rng = random.Random(seed)
     mine = prime(door, rng, b_prompts, chars)
@@ -33,8 +34,8 @@ def held_pages(door: FrontDoor, a_repeats: bool, b_prompts: int = 3, chars: int 
 
 
 def hold_prompts(rng: random.Random, holds: int) -> list[str]:
-    """Prompts that hold pages without caching any: one letter each, under a page (no full page, so no cache key),
-    and no end of line, so that the model writes on to max_tokens."""
+    """Prompts that hold pages without caching any: one letter each, under a page (no full page, so no
+    cache key), and no end of line, so that the model writes on to max_tokens."""
     return [rng.choice(string.ascii_lowercase) for _ in range(holds)]
 
 
@@ -47,8 +48,8 @@ def prime(door: FrontDoor, rng: random.Random, b_prompts: int, chars: int) -> li
 
 
 def alice_twice(door: FrontDoor, rng: random.Random, chars: int, repeats: bool) -> None:
-    """Alice's prompt, then the same one again (a cache hit) or a fresh one (a miss). Both are drawn either way,
-    so that Bob's own prompts are the same in both runs."""
+    """Alice's prompt, then the same one again (a cache hit) or a fresh one (a miss). Both are drawn either
+    way, so that Bob's own prompts are the same in both runs."""
     first, fresh = filler(rng, chars), filler(rng, chars)
     door.generate([first], max_tokens=1, tenant="alice")
     door.generate([first if repeats else fresh], max_tokens=1, tenant="alice")

@@ -64,7 +64,7 @@ class FuzzOutcome:
 
 
 def tiny_random_model() -> tuple[Llama, object]:
-    """A 2-layer random Llama (seed 0) over the shipped character vocabulary: fast, and enough for bookkeeping."""
+    """A 2-layer random Llama (seed 0) over the shipped character vocabulary: fast, enough for bookkeeping."""
     tok = build_char_tokenizer()
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2,
@@ -77,18 +77,19 @@ def background_request(rng: random.Random, config: ClusterConfig) -> FuzzRequest
     """Any arrival, any length up to past the window, sometimes cancelled at a random tick."""
     arrival = rng.randint(0, 20)
     cancel_at = arrival + rng.randint(0, 12) if rng.random() < 0.3 else None
-    return FuzzRequest(arrival, rng.choice(TENANTS), rng.randint(1, config.context_len + 8), rng.randint(1, 6), cancel_at)
+    tenant, prompt_len = rng.choice(TENANTS), rng.randint(1, config.context_len + 8)
+    return FuzzRequest(arrival, tenant, prompt_len, rng.randint(1, 6), cancel_at)
 
 
 def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRequest, FuzzRequest]:
     """A long prompt cancelled while its first batch (posted a tick after arrival) is on the wire for
     `latency` ticks, and another tenant right after: its one-page prompt lands quickly in the freed
     pages, and it decodes a few tokens, reading them after the late batch lands."""
-    ps = config.page_size
-    max_tokens = rng.randint(1, 4)
-    longest = max(1, min(config.context_len - max_tokens, config.prefill_tokens - 1, config.decode_tokens - max_tokens))
-    prompt_len = rng.randint(min(longest, config.transfer_batch_cap_pages * ps), longest)  # a full batch if it fits
-    batch = min(config.transfer_batch_cap_pages, -(-prompt_len // ps))
+    ps, cap, max_tokens = config.page_size, config.transfer_batch_cap_pages, rng.randint(1, 4)
+    window = min(config.context_len, config.decode_tokens)  # what a prompt and its output may hold
+    longest = max(1, min(window - max_tokens, config.prefill_tokens - 1))
+    prompt_len = rng.randint(min(longest, cap * ps), longest)  # a full batch if it fits
+    batch = min(cap, -(-prompt_len // ps))
     latency = config.transfer_base_latency + -(-batch // config.transfer_pages_per_tick)
     arrival = rng.randint(0, 20)
     cancel_at = arrival + rng.randint(2, 1 + latency)
@@ -98,12 +99,13 @@ def cancel_and_follow(rng: random.Random, config: ClusterConfig) -> tuple[FuzzRe
 
 
 def random_workload(rng: random.Random) -> FuzzWorkload:
-    """A cluster shape (often a slow fabric, a small decode pool), background requests, cancel-and-follow pairs."""
+    """A cluster shape (often a slow fabric, a small decode pool), background requests, cancel-and-follows."""
     config = ClusterConfig(
         context_len=rng.randint(8, 96), page_size=rng.choice([2, 4, 8]),
         prefill_pages=rng.randint(1, 12), decode_pages=rng.randint(2, 24),
         transfer_base_latency=rng.randint(0, 6), transfer_pages_per_tick=rng.choice([1, 1, 1, 2, 3]),
-        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8), event_log=False)
+        transfer_timeout_ticks=rng.randint(1, 16), transfer_batch_cap_pages=rng.randint(1, 8),
+        event_log=False)
     requests = [background_request(rng, config) for _ in range(rng.randint(0, 6))]
     for _ in range(rng.randint(0, 3)):
         requests += cancel_and_follow(rng, config)
@@ -113,7 +115,8 @@ def random_workload(rng: random.Random) -> FuzzWorkload:
 
 
 # -- playing a workload -------------------------------------------------------------------------
-def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwitches, max_ticks: int = 600) -> FuzzOutcome:
+def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwitches,
+                 max_ticks: int = 600) -> FuzzOutcome:
     """Play `workload` tick by tick through the front door and collect what the invariants are about."""
     cluster = Cluster(model, tok, workload.config, switches)
     answers: Counter = Counter()
@@ -148,8 +151,8 @@ def run_workload(model: Llama, tok, workload: FuzzWorkload, switches: SafetySwit
 
 
 def safe_for_fuzzing() -> SafetySwitches:
-    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths, and without the
-    partition, whose quotas of a pool of a few pages would refuse most requests before they reach them."""
+    """The safe preset without the startup refusal, so mismatched pools reach the runtime paths, and without
+    the partition, whose quotas of a pool of a few pages would refuse most requests before they reach them."""
     return SafetySwitches.preset("safe").with_switches(disable=["startup_check", "cache_partition"])
 
 
@@ -177,8 +180,9 @@ def targets() -> tuple[Target, ...]:
     )
 
 
-def first_failing(model: Llama, tok, target: Target, seed: int, limit: int) -> tuple[int, FuzzWorkload] | None:
-    """The first of `limit` seeded workloads that `target` serves wrongly, and its 1-based number; None if none."""
+def first_failing(model: Llama, tok, target: Target, seed: int,
+                  limit: int) -> tuple[int, FuzzWorkload] | None:
+    """The first of `limit` seeded workloads `target` serves wrongly, and its 1-based number; None if none."""
     rng = random.Random(seed)
     with target.mutant():
         for n in range(1, limit + 1):

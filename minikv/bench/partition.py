@@ -101,7 +101,7 @@ def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int 
         return serve_all(engine(model, tokenizer, POOLS[name]), workload)
 
     capacity = {name: engine(model, tokenizer, on) for name, on in POOLS.items()}
-    cost = PartitionCost({n: e.pool.tenant_pages * e.pool.page_size for n, e in capacity.items()},
+    cost = PartitionCost({n: e.pool.tenant_tokens for n, e in capacity.items()},
                          {n: most_running(e, seed) for n, e in capacity.items()}, {n: serve(n) for n in POOLS})
     if repeats == 0:
         cost.rounds.append(cost.checked)  # the checked run is then the timed one

@@ -202,12 +202,12 @@ def serve_all(door: FrontDoor, workload: list[BenchRequest]) -> Run:
 
 
 def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
-                 page_size: int = 16, scrub_on_free: bool = False, **config) -> Run:
+                 page_size: int = 16, **config) -> Run:
     """The paged engine, with audit and event log off, a pool that holds the whole workload, and `config`; the
     whole workload runs at once unless `max_batch_size` says otherwise."""
     config = EngineConfig(page_size=page_size, num_pages=pages_to_hold(tokenizer, workload, page_size),
                           audit=False, event_log=False, **{"max_batch_size": len(workload), **config})
-    return serve_all(Engine(model, tokenizer, config, scrub_on_free=scrub_on_free), workload)
+    return serve_all(Engine(model, tokenizer, config), workload)
 
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],

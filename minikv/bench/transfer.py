@@ -125,7 +125,7 @@ def compare_first_token(num_requests: int = 20, max_tokens: int = 8) -> dict:
     from minikv.model.checkpoint import load_model
 
     model, tokenizer = load_model(device="cpu")
-    config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches()
+    config, switches = ClusterConfig(prefill_pages=64, decode_pages=128), SafetySwitches.preset("safe")
     workload = [BenchRequest(f"Request {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4), max_tokens,
                              f"tenant-{i % 3}") for i in range(num_requests)]
     result = {"requests": num_requests, "max_tokens": max_tokens}

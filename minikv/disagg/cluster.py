@@ -17,7 +17,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer.base import KVTransfer
 from minikv.disagg.transfer.inprocess import KVManager
 from minikv.engine.audit import OwnershipAudit
-from minikv.engine.engine import pool_and_audit
+from minikv.engine.engine import pool_and_audit, pool_line
 from minikv.engine.events import Clock, EventLog
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.page_pool import PagePool
@@ -56,13 +56,13 @@ class ClusterConfig:
     devices: tuple[str, str] | None = None  # (prefill, decode); default: two GPUs if present
 
     def __post_init__(self) -> None:
-        for name in ("context_len", "page_size", "prefill_pages", "decode_pages", "max_prefill_tokens",
-                     "transfer_pages_per_tick", "transfer_timeout_ticks", "transfer_batch_cap_pages", "cache_tenants"):
+        for name in ("context_len page_size prefill_pages decode_pages max_prefill_tokens cache_tenants "
+                     "transfer_pages_per_tick transfer_timeout_ticks transfer_batch_cap_pages").split():
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.event_log_limit is not None and (not isinstance(self.event_log_limit, int) or self.event_log_limit < 1):
-            raise ValueError(f"event_log_limit must be a positive integer or None, got {self.event_log_limit!r}")
+        if (limit := self.event_log_limit) is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"event_log_limit must be a positive integer or None, got {limit!r}")
         if self.transfer_base_latency < 0:
             raise ValueError(f"transfer_base_latency must be >= 0, got {self.transfer_base_latency}")
 
@@ -87,11 +87,6 @@ def startup_problem(config: ClusterConfig) -> str | None:
     return None
 
 
-def pool_line(node: str, pool: PagePool, context_len: int) -> str:
-    """A node's startup line: its pool size next to the context window."""
-    return (f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} tokens; "
-            f"context window: {context_len} tokens")
-
 
 def pair_devices(fallback: str) -> tuple[str, str]:
     """(prefill, decode) devices: two GPUs if there are two, else both on `fallback`."""
@@ -102,8 +97,7 @@ def pair_devices(fallback: str) -> tuple[str, str]:
 
 def node_pool(role: str, model: Llama, config: ClusterConfig, switches: SafetySwitches,
               device: torch.device) -> tuple[PagePool, OwnershipAudit | None]:
-    """A node's pool and audit: the prefill pool keeps a prefix cache, the decode pool a plain free list (as
-    SGLang)."""
+    """A node's pool and audit: prefill's keeps a prefix cache, decode's a plain free list (as SGLang's)."""
     pages = config.prefill_pages if role == "prefill" else config.decode_pages
     return pool_and_audit(model.config, pages, config.page_size, device, model.dtype, role, config.audit,
                           role == "prefill" and config.prefix_caching, switches.scrub_on_free,
@@ -118,8 +112,7 @@ def partition_tenants(config: ClusterConfig, switches: SafetySwitches) -> int | 
 def build_node(role: str, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig,
                switches: SafetySwitches, log: EventLog, clock: Clock, manager: KVTransfer, pool: PagePool,
                audit: OwnershipAudit | None) -> Node:
-    """The prefill or decode node over its pool and transfer backend, for `Cluster` and `DistCluster`'s
-    workers."""
+    """The prefill or decode node over its pool and transfer (for Cluster and for DistCluster's workers)."""
     parts = (model, tokenizer, pool, audit, log, clock, manager, switches, config.max_prefill_tokens,
              config.chunked_prefill)
     return PrefillNode(*parts, context_len=config.context_len) if role == "prefill" else DecodeNode(*parts)
@@ -133,8 +126,9 @@ def transfer_cap(config: ClusterConfig, switches: SafetySwitches) -> int | None:
 class Cluster(FrontDoor):
     """A disaggregated pair behind one front door (the same client API as Engine: front_door.py)."""
 
-    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
-                 switches: SafetySwitches = SafetySwitches()) -> None:
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase,
+                 config: ClusterConfig = ClusterConfig(),
+                 switches: SafetySwitches = SafetySwitches.preset("safe")) -> None:
         if switches.startup_check and (problem := startup_problem(config)):
             raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
@@ -146,11 +140,12 @@ class Cluster(FrontDoor):
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
         pools = [node_pool(role, model, config, switches, d) for role, d in zip(ROLES, devices)]
         (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = pools
-        self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit, log,
-                                 self.clock, config.transfer_base_latency, config.transfer_pages_per_tick,
-                                 config.transfer_timeout_ticks, transfer_cap(config, switches))
-        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager, pool, audit)
-                           for role, m, (pool, audit) in zip(ROLES, models, pools))
+        self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit,
+                                 log, self.clock, config.transfer_base_latency,
+                                 config.transfer_pages_per_tick, config.transfer_timeout_ticks,
+                                 transfer_cap(config, switches))
+        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager,
+                                      pool, audit) for role, m, (pool, audit) in zip(ROLES, models, pools))
         self.prefill, self.decode = self.nodes
         self._rooms = itertools.count(1)
 

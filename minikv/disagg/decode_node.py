@@ -39,8 +39,7 @@ class DecodeNode(Node):
         self.endpoints[seq.room] = KVReceiver(self.manager, seq.room)
         try:  # one that could never be preallocated is refused rather than left waiting forever
             n = len(seq.prompt_ids)
-            check_pool(n + seq.max_tokens, self.pool.tenant_pages * self.pool.page_size, self.name, n,
-                       self.pool.partition is not None)
+            check_pool(n + seq.max_tokens, self.pool.tenant_tokens, self.name, n, bool(self.pool.partition))
         except Rejected as e:
             self._abort(seq, HTTPStatus.BAD_REQUEST, e.reason)
             return
@@ -99,7 +98,8 @@ class DecodeNode(Node):
             self.scheduler.running.append(seq)
             self._stage(seq, "running")
             # the node now believes the whole prompt is cached; the first token reaches the client
-            self._end(self.scheduler.postprocess([seq], [Sampled(shipment.first_token)], [len(seq.prompt_ids)]))
+            first = Sampled(shipment.first_token)
+            self._end(self.scheduler.postprocess([seq], [first], [len(seq.prompt_ids)]))
 
     def _retired(self, seq: Sequence, queue: list[Sequence]) -> bool:
         """Abort `seq`, taking it off `queue`, if its gate or its transfer ended it; whether it did."""
@@ -111,12 +111,12 @@ class DecodeNode(Node):
 
     def verify(self, seq: Sequence, receiver: KVReceiver) -> str | None:
         """Checks before decoding over KV this node did not compute; the reason if one fails."""
-        t = receiver.transfer
-        n = len(seq.prompt_ids)
+        sent, n = receiver.transfer.shipment, len(seq.prompt_ids)
         if self.switches.kv_checksum:
-            if t.shipment.num_tokens != n:
-                return f"KV checksum failed: prefill sent KV for {t.shipment.num_tokens} token(s), the prompt has {n}"
-            if t.shipment.checksum != kv_checksum(self.pool, seq.block_table, n):
+            if sent.num_tokens != n:
+                return (f"KV checksum failed: prefill sent KV for {sent.num_tokens} token(s), "
+                        f"the prompt has {n}")
+            if sent.checksum != kv_checksum(self.pool, seq.block_table, n):
                 return "KV checksum failed: the KV that arrived differs from what prefill sent"
         if self.switches.kv_canary:
             k0 = self.pool.kv[0, 0]  # (P, page, KVH, D) layer 0 keys
@@ -149,8 +149,7 @@ class DecodeNode(Node):
             self.finished.append(f)
 
     def _abort(self, seq: Sequence, status: int, reason: str, detail: str | None = None) -> Finished:
-        """End `seq` unserved; its pages go back now, or once no write to them is in flight (deferred
-        release)."""
+        """End `seq` unserved; its pages go back now, or once none is being written (deferred release)."""
         ended = super()._abort(seq, status, reason, detail)
         self.finished.append(ended)
         seq.status = SeqStatus.FINISHED

@@ -20,13 +20,13 @@ class Node:
     """One worker of the pair: its name, pool, audit, scheduler, runner, and transfer endpoints."""
     name = "node"
 
-    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool, audit: OwnershipAudit | None,
-                 log: EventLog, clock: Clock, manager: KVTransfer, switches: SafetySwitches,
-                 max_prefill_tokens: int, chunked_prefill: bool = False) -> None:
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, pool: PagePool,
+                 audit: OwnershipAudit | None, log: EventLog, clock: Clock, manager: KVTransfer,
+                 switches: SafetySwitches, max_prefill_tokens: int, chunked_prefill: bool = False) -> None:
         self.pool, self.audit, self.log, self.clock = pool, audit, log, clock
         self.manager, self.switches = manager, switches
         self.scheduler = Scheduler(pool, log, self.name, clock, tokenizer, max_prefill_tokens,
-                                   chunked_prefill=chunked_prefill)
+                                   chunked=chunked_prefill)
         self.runner = ModelRunner(model, pool, audit, log, self.name)
         self.endpoints: dict[int, KVEndpoint] = {}  # room -> this node's end of the transfer
 
@@ -42,8 +42,7 @@ class Node:
         self.pool.check_integrity({seq.request_id for queue in self.queues() for seq in queue})
 
     def admit(self, seq: Sequence) -> None:
-        """A request the front door checked joins this node: its room, its audit registration, its first
-        queue (`add`)."""
+        """A request the front door checked joins this node: its room, its audit entry, its first queue."""
         self.manager.open_room(seq.room, seq.request_id, seq.tenant, seq.uid)
         if self.audit is not None:
             self.audit.register(seq.uid, seq.request_id, seq.tenant, seq.prompt_ids)
@@ -57,8 +56,7 @@ class Node:
         return False
 
     def _abort(self, seq: Sequence, status: int, reason: str, detail: str | None = None) -> Finished:
-        """End `seq` unserved: its room fails (the other side learns why), the log says so; the caller frees
-        its pages."""
+        """End `seq` unserved: its room fails (the other side learns why), logged; the caller frees it."""
         self.endpoints[seq.room].abort(reason, status)
         self._event("finish", seq, (), detail or f"aborted ({int(status)}): {reason}")
         return seq.abort(status, reason)

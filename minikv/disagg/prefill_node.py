@@ -29,12 +29,12 @@ class PrefillNode(Node):
 
     def check_intake(self, seq: Sequence) -> None:
         """Validate the input length; on failure mark for abort and swap in the placeholder."""
-        pool_tokens = self.pool.tenant_pages * self.pool.page_size  # the whole pool, or one tenant's quota
-        limit = min(self.context_len - 1, pool_tokens - 1)
+        pool_tokens = self.pool.tenant_tokens  # the whole pool, or one tenant's quota
+        window, limit = self.context_len - 1, min(self.context_len - 1, pool_tokens - 1)
         if len(seq.prompt_ids) > limit:
-            whose = "prefill pool tokens" if self.pool.partition is None else "one tenant's prefill pool tokens"
+            whose = ("one tenant's " if self.pool.partition else "") + "prefill pool tokens"
             seq.to_finish = (f"input of {len(seq.prompt_ids)} tokens exceeds the maximum of {limit} "
-                             f"(min(context_len - 1, {whose} - 1) = min({self.context_len - 1}, {pool_tokens - 1}))")
+                             f"(min(context_len - 1, {whose} - 1) = min({window}, {pool_tokens - 1}))")
             seq.prompt_ids = list(PLACEHOLDER_IDS)
             seq.cache_keys = []  # the keys named the prompt that was swapped out
 

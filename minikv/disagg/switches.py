@@ -4,19 +4,24 @@ Where each acts and what it closes: docs/disagg.md.
 
 from dataclasses import dataclass, fields, replace
 
+from minikv.engine.config import CacheSwitches
+
 
 @dataclass(frozen=True)
-class SafetySwitches:
-    """Which mitigations are on. The default is the safe preset."""
+class PairSwitches:
+    """The mitigations that act between the two nodes of the pair."""
     reject_check: bool = True  # the queue gates of both nodes also retire what intake marked for abort
     startup_check: bool = True  # the cluster refuses to start with a pool smaller than the context window
     kv_checksum: bool = True  # decode verifies the token count and Adler-32 of the KV that arrived
     kv_canary: bool = True  # decode poisons reserved pages; the poison must be gone before use
     deferred_release: bool = True  # an aborted request's pages wait until no write to them is in flight
     transfer_batch_cap: bool = True  # large transfers go in capped batches, so that none times out
-    cache_salt: bool = True  # each tenant's prefix-cache pages are its own: no cross-tenant hits
-    cache_partition: bool = True  # each tenant's parked pages evicted only by its own requests: no eviction channel
-    scrub_on_free: bool = False  # freed pages are zeroed: costly, and it hides the bug rather than fixing it
+
+
+@dataclass(frozen=True)
+class SafetySwitches(CacheSwitches, PairSwitches):
+    """Which mitigations are on: the pair's, then the cache's (engine/config.py). The default is the safe
+    preset less `cache_partition`, off by default on every door; `preset("safe")` turns it on too."""
 
     @classmethod
     def names(cls) -> list[str]:
@@ -28,7 +33,7 @@ class SafetySwitches:
         if name == "vulnerable":
             return cls(**{n: False for n in cls.names()})
         if name == "safe":
-            return cls()
+            return cls(cache_partition=True)
         raise ValueError(f"unknown preset {name!r}: choose 'vulnerable' or 'safe'")
 
     def with_switches(self, enable: list[str] = (), disable: list[str] = ()) -> "SafetySwitches":

@@ -146,8 +146,7 @@ class OwnershipAudit:
         self._count_cache_hit(reader, writer)
 
     def _grow(self, rows: int, cols: int) -> None:
-        """The grants table at (rows, cols), new cells NO_GRANT; never an inference tensor (retire writes it
-        outside inference_mode)."""
+        """Grow the grants to (rows, cols), new cells NO_GRANT; not an inference tensor: retire writes it."""
         with torch.inference_mode(False):
             grown = torch.full((rows, cols), NO_GRANT, dtype=torch.long, device=self.grants.device)
             grown[: self.grants.shape[0], : self.grants.shape[1]] = self.grants

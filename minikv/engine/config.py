@@ -4,18 +4,28 @@ from dataclasses import dataclass
 
 from minikv.model.llama import ModelConfig
 
-ADMITTED_REQUEST_TOKENS = 64  # what a request typically holds when admitted: the benchmark's median prompt is 50
+ADMITTED_REQUEST_TOKENS = 64  # a request's typical size when admitted: the benchmark's median prompt is 50
 
 
 def batch_for_pool(pool_tokens: int) -> int:
-    """serve's default batch limit: as many requests as the pool admits at a typical prompt, 64 for its default
-    256 pages of 16 (measured best there, docs/benchmarks.md); past that, running more only preempts more."""
+    """serve's default batch limit: as many requests as the pool admits at a typical prompt, 64 for its
+    default 256 pages of 16 (measured best there, docs/benchmarks.md); past that, more only preempts more."""
     return max(1, pool_tokens // ADMITTED_REQUEST_TOKENS)
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    """How one node serves: page size, pool size, context window, batch limits."""
+class CacheSwitches:
+    """The mitigations that act inside a node's pool, each declared here once: EngineConfig carries them
+    for one engine, SafetySwitches (disagg/switches.py) for the pair, after the pair's own."""
+
+    cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
+    cache_partition: bool = False  # a static partition: each tenant holds and parks at most its quota
+    scrub_on_free: bool = False  # freed pages are zeroed: costly, and it hides the bug rather than fixing it
+
+
+@dataclass(frozen=True)
+class EngineConfig(CacheSwitches):
+    """How one node serves: page size, pool size, context window, batch limits, and the cache switches."""
 
     page_size: int = 16  # small, so a notebook can draw every page
     num_pages: int | None = 128  # pool size in pages; or None to size it from kv_memory_bytes
@@ -23,13 +33,11 @@ class EngineConfig:
     context_len: int = 1024  # the advertised window: prompt + output tokens (1,048,576 / 1,024)
     max_batch_size: int = 64  # requests running at once (serve's --max-batch, default batch_for_pool)
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
-    chunked_prefill: bool = False  # a longer prompt goes in chunks of max_prefill_tokens, a decode step after each
+    chunked_prefill: bool = False  # longer prompts go max_prefill_tokens at a time, a decode step after each
     audit: bool = True  # check every read against the ownership ledger
     event_log: bool = True  # record every allocation, write, read, free and state change
-    event_log_limit: int | None = None  # keep about this many recent events (a long-running server); None: all
+    event_log_limit: int | None = None  # keep about this many recent events (a server); None: all
     prefix_caching: bool = True  # reuse cached full prompt pages across requests (prefix_cache.py)
-    cache_salt: bool = True  # salt every request's page keys with its tenant: no sharing across tenants
-    cache_partition: bool = False  # a static partition: each tenant holds and parks at most its quota of pages
     cache_tenants: int = 4  # tenants the partition is cut for: each one's quota is num_pages // cache_tenants
 
     def __post_init__(self) -> None:
@@ -38,19 +46,15 @@ class EngineConfig:
         if self.num_pages is None and self.kv_memory_bytes is None:
             raise ValueError("give the pool a size: num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1 (a pool of no pages holds nothing), got {self.num_pages}")
+            raise ValueError(f"num_pages must be >= 1 (an empty pool holds nothing), got {self.num_pages}")
         if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
             raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
         if self.context_len < 2:
             raise ValueError(f"context_len must be >= 2 tokens, got {self.context_len}")
         if self.event_log_limit is not None and self.event_log_limit < 1:
-            raise ValueError(f"event_log_limit must be a positive number of events or None, got {self.event_log_limit}")
+            raise ValueError(f"event_log_limit must be a positive number or None, got {self.event_log_limit}")
         if self.max_batch_size < 1 or self.max_prefill_tokens < 1 or self.cache_tenants < 1:
             raise ValueError("max_batch_size, max_prefill_tokens and cache_tenants must be >= 1")
-
-    def partition_tenants(self) -> int | None:
-        """The tenants the pool is partitioned for with `cache_partition` (partition.py); None: one shared pool."""
-        return self.cache_tenants if self.cache_partition else None
 
     def pool_pages(self, model: ModelConfig) -> int:
         """Pages in the pool: as given, or as many as the memory budget holds."""

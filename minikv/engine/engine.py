@@ -24,42 +24,47 @@ from minikv.engine.scheduler import Scheduler
 from minikv.model.llama import Llama, ModelConfig
 
 
-def pool_and_audit(model: ModelConfig, num_pages: int, page_size: int, device: torch.device, dtype: torch.dtype,
-                   node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool = False,
-                   partition_tenants: int | None = None) -> tuple[PagePool, OwnershipAudit | None]:
-    """A node's pool and its ownership audit, wired together: every door and node builds them here."""
-    pool = PagePool(model, num_pages, page_size, device, dtype, scrub_on_free, prefix_caching, partition_tenants)
-    ledger = OwnershipAudit(num_pages * page_size, page_size, node, pool.kv.device) if audit else None
+def pool_and_audit(model: ModelConfig, pages: int, page_size: int, device: torch.device, dtype: torch.dtype,
+                   node: str, audit: bool, prefix_caching: bool, scrub_on_free: bool,
+                   tenants: int | None) -> tuple[PagePool, OwnershipAudit | None]:
+    """A node's pool (cut for `tenants`; None: shared) and its audit, wired: every node builds them here."""
+    pool = PagePool(model, pages, page_size, device, dtype, scrub_on_free, prefix_caching, tenants)
+    ledger = OwnershipAudit(pages * page_size, page_size, node, pool.kv.device) if audit else None
     if ledger is not None and scrub_on_free:
         pool.on_scrub = ledger.forget  # a scrubbed slot was written by nobody
     return pool, ledger
 
 
+def pool_line(node: str, pool: PagePool, context_len: int, detail: str = "") -> str:
+    """A node's startup line: its pool size (and `detail`) next to the context window."""
+    detail = f" ({detail})" if detail else ""
+    return (f"[{node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
+            f"tokens{detail}; context window: {context_len} tokens")
+
+
 class Engine(FrontDoor):
     """A single node: model + page pool + scheduler + audit + event log."""
 
-    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase, config: EngineConfig = EngineConfig(),
-                 node: str = "single", scrub_on_free: bool = False) -> None:
+    def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase,
+                 config: EngineConfig = EngineConfig(), node: str = "single") -> None:
         mc = model.config
         if config.context_len > mc.max_position_embeddings:
             raise ValueError(f"context_len {config.context_len} exceeds the model's max_position_embeddings "
                              f"{mc.max_position_embeddings}; lower context_len")
-        super().__init__(config, tokenizer, EventLog(enabled=config.event_log, limit=config.event_log_limit),
-                         Clock(), node, config.partition_tenants(), config.cache_salt)  # Clock: step number
+        tenants = config.cache_tenants if config.cache_partition else None  # None: one shared pool
+        log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
+        super().__init__(config, tokenizer, log, Clock(), node, tenants, config.cache_salt)  # Clock: step no.
         self.model, self.node = model, node
-        pages = config.pool_pages(mc)
-        self.pool, self.audit = pool_and_audit(mc, pages, config.page_size, model.device, model.dtype, node,
-                                               config.audit, config.prefix_caching, scrub_on_free,
-                                               config.partition_tenants())
-        self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer, config.max_prefill_tokens,
-                                   config.max_batch_size, config.chunked_prefill)
+        self.pool, self.audit = pool_and_audit(mc, config.pool_pages(mc), config.page_size, model.device,
+                                               model.dtype, node, config.audit, config.prefix_caching,
+                                               config.scrub_on_free, tenants)
+        self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer,
+                                   config.max_prefill_tokens, config.max_batch_size, config.chunked_prefill)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
 
     def startup_log(self) -> list[str]:
-        mc, pool = self.model.config, self.pool
-        return [f"[{self.node}] KV pool: {pool.num_pages} pages x {pool.page_size} tokens = {pool.capacity_tokens} "
-                f"tokens ({pool.kv.nbytes / 2**20:.2f} MiB, {mc.kv_bytes_per_token} bytes/token); "
-                f"context window: {self.config.context_len} tokens"]
+        size = f"{self.pool.kv.nbytes / 2**20:.2f} MiB, {self.model.config.kv_bytes_per_token} bytes/token"
+        return [pool_line(self.node, self.pool, self.config.context_len, size)]
 
     def health(self) -> dict:
         return {"pools": {self.node: self.pool.occupancy()},
@@ -69,8 +74,8 @@ class Engine(FrontDoor):
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """A request its tenant's pages could never hold is refused now (400); else it waits its turn."""
         pages = self.pool.pages_for(len(prompt_ids) + request.max_tokens)
-        check_pool(pages * self.pool.page_size, self.pool.tenant_pages * self.pool.page_size, self.node,
-                   len(prompt_ids), self.pool.partition is not None)
+        check_pool(pages * self.pool.page_size, self.pool.tenant_tokens, self.node, len(prompt_ids),
+                   self.pool.partition is not None)
         seq = Sequence.of(request, request_id, prompt_ids, self.page_keying)
         self._event("submit", request_id, seq.tenant, f"{len(prompt_ids)} prompt tokens")
         if self.audit is not None:

@@ -37,7 +37,7 @@ class Clock:
 
 @dataclass
 class EventLog:
-    """An append-only list of events (none with `enabled=False`); with `limit`, about that many recent ones."""
+    """An append-only list of events (none unless `enabled`); with `limit`, about that many recent ones."""
 
     enabled: bool = True
     events: list[Event] = field(default_factory=list)

@@ -52,7 +52,7 @@ class PagePool:
             raise ValueError(f"page_size must be at least 1 token, got {page_size}")
         if num_pages < 1:
             raise ValueError(f"a pool needs at least one page, got num_pages={num_pages}")
-        self.page_size, self.num_pages = page_size, num_pages
+        self.page_size, self.num_pages, self.capacity_tokens = page_size, num_pages, num_pages * page_size
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
         self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
         # once, at boot, so runs are reproducible; freeing never clears it (unless scrub_on_free)
@@ -64,12 +64,10 @@ class PagePool:
         self.num_held = 0  # pages with at least one holder
         self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
         self.partition = Partition(num_pages, partition_tenants) if partition_tenants else None
+        # the most tokens one tenant's requests can ever hold at once: its quota's, or the whole pool's
+        self.tenant_tokens = (self.partition.quota if self.partition else num_pages) * page_size
 
     # -- capacity -----------------------------------------------------------------------
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_pages * self.page_size
-
     def occupancy(self) -> dict[str, int]:
         """What a server's /health shows of this pool: free and total pages."""
         return {"free_pages": self.num_free_pages, "total_pages": self.num_pages}
@@ -79,21 +77,12 @@ class PagePool:
         """Pages allocate() can hand out: the stack, and cached pages nobody holds (evictable)."""
         return len(self.free_pages) + (self.prefix_cache.num_parked if self.prefix_cache else 0)
 
-    def owner_of(self, page: int) -> str | None:
-        """The first request holding `page` (the one that allocated it, unless it left), or None."""
-        return self.holders[page][0] if self.holders[page] else None
-
     def ref_count(self, page: int) -> int:
         return len(self.holders[page])
 
     def pages_for(self, num_tokens: int) -> int:
         """Pages needed to hold `num_tokens` tokens."""
         return -(-num_tokens // self.page_size)
-
-    @property
-    def tenant_pages(self) -> int:
-        """The most pages one tenant's requests can ever hold at once: its quota, or the whole pool."""
-        return self.partition.quota if self.partition else self.num_pages
 
     # -- allocation (check, then act) ---------------------------------------------------
     def match(self, keys: list[PageKey], num_tokens: int, tenant: str) -> list[int]:
@@ -116,7 +105,8 @@ class PagePool:
         own_parked = self.prefix_cache.evictable(tenant, cached) if self.prefix_cache else 0
         return num_pages <= self.partition.room(tenant) + own_parked
 
-    def allocate(self, num_pages: int, owner: str, cached: list[int] = (), tenant: str | None = None) -> list[int]:
+    def allocate(self, num_pages: int, owner: str, cached: list[int] = (),
+                 tenant: str | None = None) -> list[int]:
         """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`. Shared:
         off the stack, then evicting anyone's parked pages, least recently used first. Partitioned: off the
         stack while `tenant` is under its quota, then evicting its own. Returns the new pages."""
@@ -158,7 +148,7 @@ class PagePool:
                 continue  # still shared: the others keep reading it
             emptied.append(p)
             self.num_held -= 1
-            assert self.partition is None or self.partition.tenant_of[p] == tenant, f"page {p} freed as {tenant!r}'s"
+            assert not self.partition or self.partition.tenant_of[p] == tenant, f"page {p}: not {tenant!r}'s"
             if self.prefix_cache is not None and self.scrub_on_free:
                 self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
             if self.prefix_cache is not None and self.prefix_cache.is_cached(p):

@@ -18,7 +18,7 @@ from minikv.attention.tiles import TilePlan, segments, tile_plan, tiled_attentio
 from minikv.engine.audit import CrossReadEvent, OwnershipAudit
 from minikv.engine.page_pool import PagePool
 
-TILE_KEYS = 64  # keys per tile in prefill: large enough for the matrix units, small enough to skip the masked half
+TILE_KEYS = 64  # keys per tile in prefill: large for the matrix units, small enough to skip the masked half
 CPU_TILES_MIN_BATCH = 16  # on a CPU, decode batches this large take the tiles (measured crossover: 8 to 16)
 
 
@@ -50,8 +50,8 @@ def slot_mapping(block_tables: Tensor, page_size: int, seq_ids: Tensor, position
 
 
 class PagedStep:
-    """Implements AttentionBackend for one forward over a batch of requests in a PagePool; queries arrive flat,
-    (N, H, D) with N = sum of num_new. What every layer needs is built here once per step, as tensors."""
+    """Implements AttentionBackend for one forward over a batch of requests in a PagePool; queries arrive
+    flat, (N, H, D) with N = sum of num_new. What every layer needs is built here once a step, as tensors."""
 
     def __init__(self, pool: PagePool, seqs: list[SeqSlice], audit: OwnershipAudit | None = None) -> None:
         self.pool, self.seqs, self.audit = pool, seqs, audit
@@ -64,7 +64,7 @@ class PagedStep:
         assert all(len(s.block_table) * ps >= s.end for s in seqs), "a request has fewer pages than tokens"
         seq_ids, rank = segments(self.num_new)  # (N,) each new token's request and index among its new tokens
         self.positions = self.starts[seq_ids] + rank  # (N,) each new token's position in its request
-        self.slot_mapping = slot_mapping(self.block_tables, ps, seq_ids, self.positions)  # (N,) where its K/V go
+        self.slot_mapping = slot_mapping(self.block_tables, ps, seq_ids, self.positions)  # (N,) where K/V go
         self.last_rows = torch.cumsum(self.num_new, 0) - 1  # (B,) each request's last new token among the N
         self.decode = max(s.num_new for s in seqs) == 1
         self.plans: dict[bool, TilePlan] = {}  # last_only -> the tiles of that read, built on first use
@@ -95,26 +95,26 @@ class PagedStep:
         request's last query only (B, H, D), over its whole context. Returns q's shape."""
         k_cache, v_cache = self.store(layer, k, v)
         last_only = last_only and not self.decode  # in decode every query is a request's last
-        assert q.shape[0] == (len(self.seqs) if last_only else self.slot_mapping.shape[0]), "one query per row read"
+        assert len(q) == (len(self.seqs) if last_only else len(self.slot_mapping)), "one query per row read"
         if self.gathers(last_only):
             starts = [s.end - 1 for s in self.seqs] if last_only else [s.start for s in self.seqs]
             return gather_attention(q, k_cache, v_cache, self.context_slots, starts)
         return tiled_attention(q, self.pool.kv[layer], self.plan(last_only))  # (N or B, H, D)
 
     def gathers(self, last_only: bool) -> bool:
-        """Whether a read takes the gather path: on a CPU, unless it reads one query per request of a large batch."""
-        one_query_each = self.decode or last_only
-        return self.pool.kv.device.type == "cpu" and not (one_query_each and len(self.seqs) >= CPU_TILES_MIN_BATCH)
+        """Whether a read takes the gather path: on a CPU, unless one query per request of a large batch."""
+        large = (self.decode or last_only) and len(self.seqs) >= CPU_TILES_MIN_BATCH  # one query per request
+        return self.pool.kv.device.type == "cpu" and not large
 
     def plan(self, last_only: bool) -> TilePlan:
         """The step's tiles: every new query's (prefill: blocks of TILE_KEYS), or one per request."""
         if last_only not in self.plans:
-            one = self.decode or last_only
+            one, ps = self.decode or last_only, self.pool.page_size
             starts = self.ends - 1 if last_only else self.starts  # (B,)
             num_new = torch.ones_like(self.num_new) if last_only else self.num_new  # (B,)
-            self.plans[last_only] = tile_plan(self.block_tables, starts, num_new, self.pool.page_size,
-                                              self.pool.kv.shape[-2], block_q=1 if one else TILE_KEYS,
-                                              pages_per_tile=1 if one else max(1, TILE_KEYS // self.pool.page_size))
+            self.plans[last_only] = tile_plan(self.block_tables, starts, num_new, ps, self.pool.kv.shape[-2],
+                                              block_q=1 if one else TILE_KEYS,
+                                              pages_per_tile=1 if one else max(1, TILE_KEYS // ps))
         return self.plans[last_only]
 
 

@@ -28,11 +28,11 @@ class TenantSlots:
         self.slot_of: dict[str, int] = {}
 
     def take(self, tenant: str) -> str | None:
-        """Give `tenant` a slot if it is new; why it is refused when every slot is taken by others, else None."""
+        """Give `tenant` a slot if it is new; why it is refused if every slot is another's, else None."""
         if tenant not in self.slot_of:
             if len(self.slot_of) >= self.tenants:
-                return (f"tenant {tenant!r} refused: the KV cache is partitioned for {self.tenants} tenant(s), "
-                        f"every one of them taken")
+                return (f"tenant {tenant!r} refused: the KV cache is partitioned for {self.tenants} "
+                        f"tenant(s), every one of them taken")
             self.slot_of[tenant] = len(self.slot_of)
         return None
 
@@ -44,7 +44,7 @@ class Partition:
         assert tenants >= 1
         self.tenants, self.quota = tenants, num_pages // tenants
         assert self.quota * tenants <= num_pages, "the quotas add up to more than the pool"
-        self.tenant_of: list[str | None] = [None] * num_pages  # page -> the tenant it counts against, or None (free)
+        self.tenant_of: list[str | None] = [None] * num_pages  # page -> whose quota it counts in; None: free
         self.pages_of: Counter[str] = Counter()
 
     def room(self, tenant: str) -> int:
@@ -56,7 +56,7 @@ class Partition:
         assert self.tenant_of[page] is None, f"page {page} is already {self.tenant_of[page]!r}'s"
         assert self.pages_of[tenant] < self.quota, f"{tenant!r} would pass its quota of {self.quota} pages"
         if tenant not in self.pages_of:
-            assert len(self.pages_of) < self.tenants, f"more than {self.tenants} tenants in a partitioned pool"
+            assert len(self.pages_of) < self.tenants, f"more than {self.tenants} tenants in the pool"
         self.tenant_of[page] = tenant
         self.pages_of[tenant] += 1
 
@@ -69,10 +69,10 @@ class Partition:
 
     def check(self, free_pages: list[int]) -> None:
         """Every page off the stack counts against one tenant, none on it; no tenant is above its quota."""
-        on_stack = set(free_pages)
-        for page, tenant in enumerate(self.tenant_of):
-            assert (tenant is None) == (page in on_stack), f"page {page}: on stack {page in on_stack}, tenant {tenant}"
+        stack = set(free_pages)
+        for p, tenant in enumerate(self.tenant_of):
+            assert (tenant is None) == (p in stack), f"page {p}: tenant {tenant}, on the stack {p in stack}"
         counted = Counter(t for t in self.tenant_of if t is not None)
         assert counted == +self.pages_of, "per-tenant page counts drifted"
         assert len(self.pages_of) <= self.tenants, f"more than {self.tenants} tenants in the pool"
-        assert max(self.pages_of.values(), default=0) <= self.quota, f"a tenant holds more than {self.quota} pages"
+        assert max(self.pages_of.values(), default=0) <= self.quota, f"a tenant passed {self.quota} pages"

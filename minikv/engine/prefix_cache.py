@@ -17,14 +17,16 @@ PageKey = bytes  # 16 bytes of BLAKE2b: the page's tokens and every page before 
 def cache_salt(tenant: str, request_salt: str | None, per_tenant: bool) -> str | None:
     """The namespace a request's pages are cached in (None: the one shared namespace). With `per_tenant`
     (the `cache_salt` switch) the tenant always goes in; a request's own salt narrows it further."""
-    parts = ([f"tenant={tenant}"] if per_tenant else []) + ([] if request_salt is None else [f"salt={request_salt}"])
+    parts = [f"tenant={tenant}"] if per_tenant else []
+    parts += [] if request_salt is None else [f"salt={request_salt}"]
     return "\x00".join(parts) if parts else None
 
 
 def page_keys(token_ids: Sequence[int], page_size: int, salt: str | None = None) -> list[PageKey]:
     """The key of each *full* page of `token_ids`: a hash chained over the prefix and the salt."""
     keys: list[PageKey] = []
-    parent = hashlib.blake2b(("salt:" + salt if salt is not None else "no salt").encode(), digest_size=16).digest()
+    namespace = "salt:" + salt if salt is not None else "no salt"
+    parent = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
     for start in range(0, len(token_ids) - page_size + 1, page_size):
         h = hashlib.blake2b(parent, digest_size=16)
         h.update(",".join(map(str, token_ids[start : start + page_size])).encode())
@@ -55,7 +57,7 @@ class PrefixCache:
         self.page_size = page_size
         self.page_of: dict[PageKey, int] = {}
         self.key_of: dict[int, PageKey] = {}
-        self.parked: OrderedDict[int, str] = OrderedDict()  # ref count 0, still matchable: page -> tenant; oldest first
+        self.parked: OrderedDict[int, str] = OrderedDict()  # unheld, matchable: page -> tenant, LRU first
 
     def match(self, keys: Sequence[PageKey], num_tokens: int) -> list[int]:
         """The cached pages holding keys[0], keys[1], ... until one is missing: at most (num_tokens - 1)
@@ -69,11 +71,11 @@ class PrefixCache:
         return pages
 
     def cache_pages(self, keys: Sequence[PageKey], block_table: list[int], num_computed: int) -> list[int]:
-        """Name the full pages among a request's first `num_computed` tokens by their keys; the pages newly named."""
+        """Key the full pages among the first `num_computed` tokens of a request; the pages newly named."""
         full = min(len(keys), num_computed // self.page_size)
         named = []
         for key, page in zip(keys[:full], block_table[:full]):
-            if key not in self.page_of and page not in self.key_of:  # a key or a page already named keeps its name
+            if key not in self.page_of and page not in self.key_of:  # a name, once given, is kept
                 self.page_of[key], self.key_of[page] = page, key
                 named.append(page)
         return named

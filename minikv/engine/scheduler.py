@@ -12,7 +12,7 @@ The disaggregated nodes hand their batches to the same scheduler (as SGLang's mi
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal
@@ -43,11 +43,11 @@ def prefilling(seq: Sequence) -> bool:
 class Scheduler:
     """Waiting queue, running batch, the page bookkeeping between them, and each step's outcome."""
 
-    def __init__(self, pool: PagePool, log: EventLog, node: str, clock: Clock, tokenizer: PreTrainedTokenizerBase,
-                 max_prefill_tokens: int, max_batch_size: int | None = None, chunked_prefill: bool = False) -> None:
-        self.pool, self.log, self.node, self.clock, self.tokenizer = pool, log, node, clock, tokenizer
+    def __init__(self, pool: PagePool, log: EventLog, node: str, clock: Clock, tok: PreTrainedTokenizerBase,
+                 max_prefill_tokens: int, max_batch_size: int | None = None, chunked: bool = False) -> None:
+        self.pool, self.log, self.node, self.clock, self.tokenizer = pool, log, node, clock, tok
         self.max_prefill_tokens, self.max_batch_size = max_prefill_tokens, max_batch_size
-        self.chunked_prefill = chunked_prefill  # prompts prefilled max_prefill_tokens at a time, decode steps between
+        self.chunked_prefill = chunked  # prompts prefilled max_prefill_tokens at a time, decode steps between
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.last_phase: str | None = None
@@ -57,7 +57,7 @@ class Scheduler:
         self.fairness.arrive(seq.tenant, {s.tenant for s in (*self.waiting, *self.running)})
         self.waiting.append(seq)
 
-    def _event(self, kind: str, seq: Sequence, pages: list[int] | tuple[int, ...] = (), detail: str = "") -> None:
+    def _event(self, kind: str, seq: Sequence, pages: Iterable[int] = (), detail: str = "") -> None:
         self.log.add(Event(self.clock.now, self.node, kind, seq.request_id, seq.tenant, tuple(pages), detail))
 
     # -- the decision --------------------------------------------------------------------
@@ -109,8 +109,8 @@ class Scheduler:
             return n
 
         while budget > 0:
-            going_on = [s for s in self.running if prefilling(s) and all(s is not t for t in seqs)]
-            queue = [*going_on, *(s for s in self.waiting if s.tenant not in waits)] if admitting else going_on
+            ongoing = [s for s in self.running if prefilling(s) and all(s is not t for t in seqs)]
+            queue = [*ongoing, *(s for s in self.waiting if s.tenant not in waits)] if admitting else ongoing
             if only is not None:
                 queue = [s for s in queue if s.tenant in only]
             if not queue:
@@ -135,7 +135,7 @@ class Scheduler:
                 if self.pool.partition is None:
                     admitting = False  # temporarily full: wait for pages to come back
                 else:
-                    waits.add(seq.tenant)  # its quota is full: its later requests wait too, other tenants go on
+                    waits.add(seq.tenant)  # its quota is full: its later requests wait too, others go on
                 continue
             self.waiting.remove(seq)
             pages = self.pool.allocate(need, seq.request_id, hits, seq.tenant)
@@ -162,25 +162,24 @@ class Scheduler:
                     seq.block_table += page
                     self._event("allocate", seq, page, "1 page to keep decoding")
                     continue
-                victim = next((s for s in reversed(self.running) if s is not seq and self._may_preempt(seq, s)), None)
-                assert victim is not None, "admission let in a request its tenant's pages cannot hold"
-                self.preempt(victim)
+                # the victim: the latest admitted; anyone's in a shared pool, its tenant's when partitioned
+                victims = [s for s in reversed(self.running)
+                           if s is not seq and (self.pool.partition is None or s.tenant == seq.tenant)]
+                assert victims, "admission let in a request its tenant's pages cannot hold"
+                self.preempt(victims[0])
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [s.tokens(s.seq_len - 1) for s in batch]) if batch else None
 
-    def _may_preempt(self, seq: Sequence, victim: Sequence) -> bool:
-        """Whether `seq` may take `victim`'s pages: anyone's in a shared pool, its own tenant's when partitioned."""
-        return self.pool.partition is None or victim.tenant == seq.tenant
 
     # -- after the forward -------------------------------------------------------------------
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:
         """After a prefill forward: name each served request's full prompt pages (their K/V are now
         in the pool) in the prefix cache, before a request that finishes frees them."""
-        if self.pool.prefix_cache is None or batch.phase != "prefill":
+        if (cache := self.pool.prefix_cache) is None or batch.phase != "prefill":
             return
         for seq, tokens, choice in zip(batch.seqs, batch.new_tokens, sampled, strict=True):
             if choice.error is None:
-                self.pool.prefix_cache.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached + len(tokens))
+                cache.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached + len(tokens))
 
     def postprocess(self, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> list[Finished]:
         """Apply one step's outcome to each of `seqs`: `sampled`, the runner's choice (a token, or why none
@@ -190,7 +189,7 @@ class Scheduler:
             if choice.error is not None:  # that request fails alone (500); the batch goes on
                 ended.append(seq.abort(HTTPStatus.INTERNAL_SERVER_ERROR, choice.error))
                 continue
-            assert choice.token is not None and seq.finish_reason is None, f"{seq.request_id} stepped after it ended"
+            assert choice.token is not None and not seq.finished(), f"{seq.request_id} stepped after it ended"
             seq.num_cached += n
             if seq.num_cached < seq.seq_len:
                 continue  # a chunk of a prompt still being prefilled: no token yet
@@ -206,7 +205,7 @@ class Scheduler:
 
     def finish_rule(self, seq: Sequence) -> str | None:
         """The finish rule, written once: "stop" at end of text or a stop string, "length" at max_tokens."""
-        if seq.output_ids[-1] == self.tokenizer.eos_token_id or (seq.stop and seq.update_text(self.tokenizer)):
+        if seq.output_ids[-1] == self.tokenizer.eos_token_id or seq.stop and seq.update_text(self.tokenizer):
             return "stop"
         if len(seq.output_ids) >= seq.max_tokens:
             return "length"

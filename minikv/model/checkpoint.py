@@ -28,8 +28,8 @@ class CheckpointError(ValueError):
 # (rope_theta is the exception: transformers keeps it inside `rope_parameters`.)
 HF_FIELDS: dict[str, str] = {
     "vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim", "max_position_embeddings": "max_position_embeddings",
+    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads", "head_dim": "head_dim",
+    "num_kv_heads": "num_key_value_heads", "max_position_embeddings": "max_position_embeddings",
     "rms_norm_eps": "rms_norm_eps", "tie_word_embeddings": "tie_word_embeddings",
 }
 OPTIONAL_HF_FIELDS = {"num_key_value_heads", "head_dim"}  # None: derived from the head count
@@ -71,7 +71,7 @@ def model_config_from_hf(hf_config: LlamaConfig) -> ModelConfig:
     values = {ours: getattr(hf_config, theirs, None) for ours, theirs in HF_FIELDS.items()}
     for ours, theirs in HF_FIELDS.items():  # sizes: whole numbers >= 1 (0 layers would answer newlines)
         value = values[ours]
-        if ours in ("rms_norm_eps", "tie_word_embeddings") or (value is None and theirs in OPTIONAL_HF_FIELDS):
+        if ours in ("rms_norm_eps", "tie_word_embeddings") or value is None and theirs in OPTIONAL_HF_FIELDS:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config.json: {theirs} must be a positive integer, got {value!r}")
@@ -82,25 +82,25 @@ def model_config_from_hf(hf_config: LlamaConfig) -> ModelConfig:
     return ModelConfig(**values)
 
 
-def hf_config_for(config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+def hf_config_for(config: ModelConfig, tok: PreTrainedTokenizerBase) -> LlamaConfig:
     """The transformers config that describes `config`, through the same HF_FIELDS."""
     return LlamaConfig(**{theirs: getattr(config, ours) for ours, theirs in HF_FIELDS.items()},
                        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-                       bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+                       bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
 def load_hf_config(path: Path) -> LlamaConfig:
     """Read and check config.json of a local Llama checkpoint."""
     if path.is_file():
-        raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one holding config.json)")
+        raise CheckpointError(f"{path} is a file; give the checkpoint's directory (the one with config.json)")
     if not path.is_dir():
         raise CheckpointError(f"model directory {path} does not exist")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} has no config.json: not a Hugging Face checkpoint")
     config = load_or_refuse(f"cannot read {path / 'config.json'}",
                             lambda: AutoConfig.from_pretrained(path, local_files_only=True))
-    if config.model_type != "llama":
-        raise CheckpointError(f"{path} holds a {config.model_type!r} model; minikv runs Llama-family models only")
+    if (kind := config.model_type) != "llama":
+        raise CheckpointError(f"{path} holds a {kind!r} model; minikv runs Llama-family models only")
     return config
 
 
@@ -146,15 +146,15 @@ def quiet_transformers() -> Iterator[None]:
 def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     """transformers' LlamaForCausalLM from `path`, refused in one line unless every tensor matches
     config.json (from transformers' loading report)."""
-    hf_model, info = load_or_refuse(f"cannot load weights from {path}", lambda: LlamaForCausalLM.from_pretrained(
+    hf, info = load_or_refuse(f"cannot load weights from {path}", lambda: LlamaForCausalLM.from_pretrained(
         path, dtype=dtype, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True))
     missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
-    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]  # old checkpoints: a derived buffer
-    layers = {int(m.group(1)) for k in (set(hf_model.state_dict()) - set(missing)) | set(unexpected)
+    unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]  # old checkpoints: derived
+    layers = {int(m.group(1)) for k in (set(hf.state_dict()) - set(missing)) | set(unexpected)
               if (m := re.match(r"model\.layers\.(\d+)\.", k))}
     held = max(layers) + 1 if layers else 0
-    if held != hf_config.num_hidden_layers:
-        problem = f"config.json says num_hidden_layers={hf_config.num_hidden_layers} but the weights hold {held} layers"
+    if held != (said := hf_config.num_hidden_layers):
+        problem = f"config.json says num_hidden_layers={said} but the weights hold {held} layers"
     elif mismatched:
         key, in_file, from_config = sorted(mismatched)[0]
         problem = (f"{key} is {tuple(in_file)} in the weights but config.json implies {tuple(from_config)}"
@@ -162,9 +162,10 @@ def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> L
     elif missing:
         problem = f"the weights lack {sorted(missing)[0]}{and_more(missing)}, which config.json describes"
     elif unexpected:
-        problem = f"the weights hold {sorted(unexpected)[0]}{and_more(unexpected)}, which config.json does not describe"
+        problem = (f"the weights hold {sorted(unexpected)[0]}{and_more(unexpected)}, which config.json does "
+                   f"not describe")
     else:
-        return hf_model
+        return hf
     raise CheckpointError(f"{path}: {problem}")
 
 
@@ -199,16 +200,17 @@ def from_hf_state_dict(state: dict[str, torch.Tensor], config: ModelConfig) -> d
     for layer in range(config.num_layers):
         for packed, parts in PACKED.items():
             names = [f"layers.{layer}.{part}.weight" for part in parts]
-            out[f"layers.{layer}.{packed}.weight"] = torch.cat([out.pop(n) for n in names])  # (sum of rows, in)
+            out[f"layers.{layer}.{packed}.weight"] = torch.cat([out.pop(n) for n in names])  # (rows, in)
     if config.tie_word_embeddings:
         out["lm_head.weight"] = out["embed_tokens.weight"]
     return out
 
 
 def to_hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
-    """minikv's weights under transformers' names, packed projections split back (the inverse of the above)."""
+    """minikv's weights under transformers' names, the packed projections split back."""
     c = model.config
-    rows = {"self_attn.qkv_proj": [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim],
+    kv_rows = c.num_kv_heads * c.head_dim
+    rows = {"self_attn.qkv_proj": [c.num_heads * c.head_dim, kv_rows, kv_rows],
             "mlp.gate_up_proj": [c.intermediate_size, c.intermediate_size]}
     state = {}
     for name, weight in model.state_dict().items():

@@ -23,8 +23,8 @@ class ContiguousCache:
     def step(self, rows: list[int], num_new: int) -> "ContiguousStep":
         """A backend for one forward that appends `num_new` tokens to each of `rows`."""
         for r in rows:
-            if self.seq_lens[r] + num_new > self.max_len:
-                raise ValueError(f"row {r} would hold {self.seq_lens[r] + num_new} tokens > max_len {self.max_len}")
+            if (n := self.seq_lens[r] + num_new) > self.max_len:
+                raise ValueError(f"row {r} would hold {n} tokens > max_len {self.max_len}")
         return ContiguousStep(self, rows, num_new)
 
     def positions(self, rows: list[int], num_new: int) -> Tensor:

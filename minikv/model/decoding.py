@@ -12,7 +12,8 @@ from minikv.model.llama import Llama
 
 
 @torch.inference_mode()
-def generate_without_cache(model: Llama, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+def generate_without_cache(model: Llama, prompt_ids: list[int], max_new_tokens: int,
+                           eos_id: int | None) -> list[int]:
     """Recompute every step: feed the whole sequence so far, keep only the last logits."""
     ids = list(prompt_ids)
     out: list[int] = []
@@ -29,7 +30,8 @@ def generate_without_cache(model: Llama, prompt_ids: list[int], max_new_tokens: 
 
 
 @torch.inference_mode()
-def generate_with_cache(model: Llama, prompt_ids: list[int], max_new_tokens: int, eos_id: int | None) -> list[int]:
+def generate_with_cache(model: Llama, prompt_ids: list[int], max_new_tokens: int,
+                        eos_id: int | None) -> list[int]:
     """Prefill the prompt once into a contiguous cache, then feed one token per step."""
     cache = ContiguousCache(model.config, 1, len(prompt_ids) + max_new_tokens, model.device, model.dtype)
     step_ids = list(prompt_ids)

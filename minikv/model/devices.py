@@ -19,20 +19,21 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
     """The device asked for, checked to exist here; by default CUDA when present, else the CPU."""
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = f"device {str(name)!r}"
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise DeviceError(f"unknown device {str(name)!r}: use {DEVICE_CHOICES}") from None
+        raise DeviceError(f"unknown {dev}: use {DEVICE_CHOICES}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(f"device {str(name)!r}: this machine's torch ({torch.__version__}) sees no CUDA GPU; use cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= (count := torch.cuda.device_count()):
-        raise DeviceError(f"device {str(name)!r}: this machine has {count} CUDA device(s), numbered 0 to {count - 1}")
+        raise DeviceError(f"{dev}: this machine's torch ({torch.__version__}) sees no CUDA GPU; use cpu")
+    if device.type == "cuda" and (device.index or 0) >= (count := torch.cuda.device_count()):
+        raise DeviceError(f"{dev}: this machine has {count} CUDA device(s), numbered 0 to {count - 1}")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise DeviceError(f"device {str(name)!r}: Apple's Metal backend (mps) is not available here; use cpu")
+        raise DeviceError(f"{dev}: Apple's Metal backend (mps) is not available here; use cpu")
     if device.type == "meta":
-        raise DeviceError(f"device 'meta' holds tensor shapes but no data, so it cannot run a model; use {DEVICE_CHOICES}")
+        raise DeviceError(f"{dev} holds tensor shapes but no data: it runs no model; use {DEVICE_CHOICES}")
     if device.type not in ("cpu", "cuda", "mps"):
-        raise DeviceError(f"device {str(name)!r} ({device.type}) is not supported: use {DEVICE_CHOICES}")
+        raise DeviceError(f"{dev} ({device.type}) is not supported: use {DEVICE_CHOICES}")
     return device
 
 

@@ -22,7 +22,7 @@ from minikv.attention.dense import AttentionBackend
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The numbers that shape a Llama; read from a transformers `LlamaConfig` by checkpoint.model_config_from_hf."""
+    """The numbers that shape a Llama (checkpoint.model_config_from_hf reads them off transformers')."""
 
     vocab_size: int
     hidden_size: int
@@ -109,21 +109,21 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        h, d = config.hidden_size, config.head_dim
-        self.qkv_proj = nn.Linear(h, (config.num_heads + 2 * config.num_kv_heads) * d, bias=False)  # q | k | v rows
-        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+        H, KVH, h, d = config.num_heads, config.num_kv_heads, config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, KVH, d
+        self.qkv_proj = nn.Linear(h, (H + 2 * KVH) * d, bias=False)  # q | k | v rows
+        self.o_proj = nn.Linear(H * d, h, bias=False)
 
     def forward(self, x: Tensor, cos_sin: tuple[Tensor, Tensor], kv: AttentionBackend,
                 rows: Tensor | None = None) -> Tensor:
-        """Attention output of every token, or with `rows` (M,) only of those (keys and values of all are kept)."""
+        """Attention output of every token, or with `rows` (M,) of those only (every K and V is kept)."""
         lead = x.shape[:-1]  # (N,) for a flat batch of tokens, (B, T) for dense
         H, KVH = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(*lead, H + 2 * KVH, self.head_dim)  # (..., H + 2 KVH, D)
         v = qkv[..., H + KVH :, :]  # (..., KVH, D)
         if rows is None:
             qk = Rotary.rotate(qkv[..., : H + KVH, :], cos_sin)  # queries and keys rotated together
-            out = kv.attend(self.layer, qk[..., :H, :], qk[..., H:, :], v)  # (..., H, D); keys cached *after* RoPE
+            out = kv.attend(self.layer, qk[..., :H, :], qk[..., H:, :], v)  # (..., H, D); K cached after RoPE
         else:  # every token's key and value, only the kept rows' queries
             assert x.dim() == 2, "rows index a flat batch of tokens (N, hidden)"
             k = Rotary.rotate(qkv[:, H : H + KVH], cos_sin)  # (N, KVH, D)

@@ -21,7 +21,8 @@ class SamplingParams:
     def problem(self) -> tuple[str, str] | None:
         """(the field, why its value is invalid: a one-line 400 naming the value), or None."""
         t, p = self.temperature, self.top_p
-        finite = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        def finite(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not finite(t) or not 0 <= t <= MAX_TEMPERATURE:
             return "temperature", (f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}], "
                                    f"got {t!r}")
@@ -38,7 +39,7 @@ class SamplingParams:
 
     def new_generator(self) -> torch.Generator | None:
         """The request's own random stream (seed 0 when none is given), or None when greedy."""
-        return None if self.greedy else torch.Generator().manual_seed(self.seed if self.seed is not None else 0)
+        return None if self.greedy else torch.Generator().manual_seed(self.seed or 0)
 
 
 def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -45,21 +45,22 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     except UnicodeEncodeError as e:  # a lone surrogate
         code = ord(text[e.start])
         if 0xDC80 <= code <= 0xDCFF:  # how Python spells an undecodable byte (argv, surrogateescape)
-            raise PromptError(f"prompt is not valid UTF-8: byte 0x{code - 0xDC00:02X} at character {e.start}; "
-                              f"send UTF-8 text") from None
+            raise PromptError(f"prompt is not valid UTF-8: byte 0x{code - 0xDC00:02X} at character "
+                              f"{e.start}; send UTF-8 text") from None
         raise PromptError(f"prompt is not valid Unicode: character {e.start} is a lone surrogate "
                           f"(U+{code:04X}); send UTF-8 text") from None
     ids = encode_text(tokenizer, text)
     unk = tokenizer.unk_token_id
     if unk is not None and unk in ids:
-        bad = sorted(ch for ch in set(text) if encode_text(tokenizer, ch) == [unk])  # each distinct character once
+        bad = sorted(ch for ch in set(text) if encode_text(tokenizer, ch) == [unk])  # each character once
         if not bad:  # a multi-character piece the tokenizer cannot spell
-            raise PromptError(f"prompt has text the tokenizer maps to {tokenizer.unk_token!r} (outside the model's vocabulary)")
+            raise PromptError(f"prompt has text the tokenizer maps to {tokenizer.unk_token!r} "
+                              "(outside the model's vocabulary)")
         shown = ", ".join(repr(ch) for ch in bad[:5])
         raise PromptError(f"prompt has {len(bad)} character(s) outside the model's vocabulary: {shown}")
-    control = sorted(set(ids) & set(tokenizer.all_special_ids))
+    control = tokenizer.convert_ids_to_tokens(sorted(set(ids) & set(tokenizer.all_special_ids)))
     if control:  # a tokenizer that ignores split_special_tokens: refuse rather than obey the text
-        raise PromptError(f"prompt text encodes to control token(s) {tokenizer.convert_ids_to_tokens(control)}; "
+        raise PromptError(f"prompt text encodes to control token(s) {control}; "
                           f"refused: prompt text must never become a control token")
     return ids
 
@@ -67,8 +68,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
     """The most characters one (non-special) token decodes to: a text of n characters is at least
     n / this many tokens, which lets a door refuse a far too long prompt before tokenizing it."""
-    special = set(tokenizer.all_special_ids)
-    return max(len(tokenizer.decode([i], skip_special_tokens=True)) for i in range(len(tokenizer)) if i not in special)
+    tok, special = tokenizer, set(tokenizer.all_special_ids)
+    return max(len(tok.decode([i], skip_special_tokens=True)) for i in range(len(tok)) if i not in special)
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

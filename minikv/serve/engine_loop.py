@@ -53,8 +53,8 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
             return DistCluster(tokenizer, pair, switches, model_dir=model_dir,
                                devices=(device, device) if device else None, threads=threads)
         return Cluster(model, tokenizer, pair, switches)
-    config = EngineConfig(num_pages=num_pages, event_log=False, cache_salt=switches.cache_salt,
-                          cache_partition=switches.cache_partition, **context)
+    config = EngineConfig(num_pages=num_pages, event_log=False, **context, cache_salt=switches.cache_salt,
+                          cache_partition=switches.cache_partition, scrub_on_free=switches.scrub_on_free)
     if switches.cache_partition:
         config = replace(config, num_pages=quota_pages(num_pages, config.context_len, config.page_size,
                                                        config.cache_tenants))

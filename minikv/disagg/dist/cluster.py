@@ -45,7 +45,7 @@ class DistCluster(FrontDoor):
     """A disaggregated pair in two worker processes behind one front door (the client API of Cluster)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
-                 switches: SafetySwitches = SafetySwitches(), model_dir: str | None = None,
+                 switches: SafetySwitches = SafetySwitches.preset("safe"), model_dir: str | None = None,
                  devices: tuple[str, str] | None = None, transfer_timeout_s: float | None = 30.0,
                  link_s_per_page: float = 0.0, threads: int = 1) -> None:
         if switches.startup_check and (problem := startup_problem(config)):

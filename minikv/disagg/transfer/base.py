@@ -36,8 +36,7 @@ class Shipment:
 
 @dataclass
 class Transfer:
-    """A room's record, written by its backend: the receiver's `dst_pages`, the sender's `num_pages` and
-    `shipment`."""
+    """A room's record, written by its backend: the receiver's `dst_pages`, the sender's size and shipment."""
     room: int
     request_id: str
     tenant: str
@@ -63,7 +62,8 @@ class Transfer:
 
 def page_slots(pool: PagePool, pages: list[int]) -> Tensor:
     """Every slot of `pages`, page by page: (n * page,)."""
-    return torch.tensor(pool.slots(pages, 0, len(pages) * pool.page_size), device=pool.kv.device, dtype=torch.long)
+    slots = pool.slots(pages, 0, len(pages) * pool.page_size)
+    return torch.tensor(slots, device=pool.kv.device, dtype=torch.long)
 
 
 def read_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int]) -> tuple[Tensor, Tensor]:
@@ -75,7 +75,8 @@ def read_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int]) -
     return pool.kv[:, :, pages], ledger  # indexing with a list copies
 
 
-def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], kv: Tensor, ledger: Tensor) -> None:
+def write_pages(pool: PagePool, audit: OwnershipAudit | None, pages: list[int], kv: Tensor,
+                ledger: Tensor) -> None:
     """A write lands in `pages`, whoever owns them now, and the audit records who wrote each slot."""
     pool.write(pages, kv)
     if audit is not None:
@@ -106,8 +107,7 @@ class KVTransfer(ABC):
         """Advance the fabric: land what has arrived, fail what timed out."""
 
     def poll(self, room: int) -> KVPoll:
-        """The room's state as this side sees it (after `_refresh`, which reads what the other side
-        decided)."""
+        """The room's state as this side sees it (after `_refresh` reads what the other side decided)."""
         t = self.rooms[room]
         self._refresh(t)
         if t.status is KVPoll.Bootstrapping and t.dst_pages is not None:
@@ -146,8 +146,7 @@ class KVTransfer(ABC):
         self._drop_if_done(room)
 
     def _drop_if_done(self, room: int) -> None:
-        """Forget the room once every side here is closed and nothing is in flight; its uid leaves the
-        audits."""
+        """Drop the room once each side here closed and nothing is in flight; its uid leaves the audits."""
         t = self.rooms[room]
         if not t.open_sides and not t.in_flight:
             del self.rooms[room]

@@ -98,10 +98,10 @@ class Wire:
         return {batch.room for batch in due}
 
     def post(self, batch: WireBatch, operation: Callable[..., dist.Work]) -> None:
-        """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv), each under its own tag."""
-        assert batch.index < MAX_BATCHES_PER_ROOM, f"room {batch.room} has more than {MAX_BATCHES_PER_ROOM} batches"
+        """Post a batch's pages and ledger with `operation` (dist.isend or dist.irecv), each under its tag."""
+        assert batch.index < MAX_BATCHES_PER_ROOM, f"room {batch.room}: too many batches for its tags"
         first_tag = (batch.room * MAX_BATCHES_PER_ROOM + batch.index) * TAGS_PER_BATCH
-        works = [operation(part, self.peer, tag=first_tag + i) for i, part in enumerate((batch.kv, batch.ledger))]
+        works = [operation(x, self.peer, tag=first_tag + i) for i, x in enumerate((batch.kv, batch.ledger))]
         threading.Thread(target=batch.wait, args=(works,), daemon=True).start()
         self.posted.setdefault(batch.room, []).append(batch)
 
@@ -127,12 +127,13 @@ class DistKVManager(KVTransfer):
         self.side, self.pool, self.audit, self.timeout_s = side, pool, audit, timeout_s
         self.bootstrap = Bootstrap(store)
         gloo = dist.is_initialized() and dist.get_backend() == "gloo"
-        self.wire = Wire(peer, torch.device("cpu") if gloo else pool.kv.device, link_s_per_page)  # gloo: host only
-        self.landed_late: list[dict] = []  # writes that landed after an abort: room, pages, their holders then
+        self.wire = Wire(peer, torch.device("cpu") if gloo else pool.kv.device, link_s_per_page)  # gloo: host
+        self.landed_late: list[dict] = []  # writes landed after an abort: room, pages, their holders then
 
     def _refresh(self, t: Transfer) -> None:
         """Read the bootstrap store: an abort the other side decided, and (sender) the advertised pages."""
-        if t.status in (KVPoll.Bootstrapping, KVPoll.Transferring) and (info := self.bootstrap.get(t.room, "abort")):
+        live = t.status in (KVPoll.Bootstrapping, KVPoll.Transferring)
+        if live and (info := self.bootstrap.get(t.room, "abort")):
             t.fail(info["reason"], info["status"])
         if self.side == "sender" and t.status is KVPoll.Bootstrapping and t.dst_pages is None:
             t.dst_pages = self.bootstrap.get(t.room, "dst")
@@ -171,7 +172,7 @@ class DistKVManager(KVTransfer):
         if not self.bootstrap.claim(room, SENT):  # the receiver aborted first: nothing is posted
             self._refresh(t)  # and its abort fails the room here
             return
-        state = None if shipment.sampler_state is None else shipment.sampler_state.tolist()  # JSON: a list of bytes
+        state = None if shipment.sampler_state is None else shipment.sampler_state.tolist()  # JSON: bytes
         sizes = [len(src) for src, _ in batches]
         self.bootstrap.set(room, "shipment", {**vars(shipment), "sampler_state": state, "batches": sizes,
                                               "dtype": str(self.pool.kv.dtype)})
@@ -232,7 +233,8 @@ class DistKVManager(KVTransfer):
         sizes, sent_dtype, state = meta.pop("batches"), meta.pop("dtype"), meta.pop("sampler_state")
         dtype = self.pool.kv.dtype
         assert sent_dtype == str(dtype), f"prefill sends {sent_dtype}, this pool holds {dtype}"
-        t.shipment = Shipment(**meta, sampler_state=None if state is None else torch.tensor(state, dtype=torch.uint8))
+        state = None if state is None else torch.tensor(state, dtype=torch.uint8)
+        t.shipment = Shipment(**meta, sampler_state=state)
         shape, start = self.pool.kv.shape, 0  # (L, 2, P, page, KVH, D)
         for i, n in enumerate(sizes):
             kv = torch.empty((*shape[:2], n, *shape[3:]), dtype=dtype, device=self.wire.device)

@@ -82,7 +82,8 @@ class CoreThread:
         return self.thread.is_alive()
 
     def end(self, timeout_s: float) -> None:
-        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
 
 
 class CoreProcess:

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from minikv.logs import gateway_log, scan
@@ -220,7 +219,7 @@ def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
                                          "the customer checklist over a gateway log"))
     gateway_log.add_make_logs_arguments(command(sub, "make-logs", gateway_log.run_make_logs,
                                                 "write a synthetic gateway log"))
-    add_serve_arguments(command(sub, "serve", partial(run_serve, load=load),
+    add_serve_arguments(command(sub, "serve", run_serve,
                                 "an OpenAI-compatible HTTP server over the engine or the cluster"))
     add_probe_arguments(command(sub, "probe", run_probe, "black-box isolation checks of an OpenAI-compatible endpoint"),
                         positive_int)

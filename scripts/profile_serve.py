@@ -1,6 +1,7 @@
 """Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
 
-Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS`, read three ways: /proc CPU time
+Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS` (its HTTP process only: the
+engine core is a process of its own since issue #33), read three ways: /proc CPU time
 per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each sample by RULES (docs/benchmarks.md).
 """
 
@@ -31,7 +32,7 @@ RULES = {  # part -> substrings of a frame; the deepest frame that matches one d
     "event log": ("minikv/engine/events.py",),
     "detokenize": ("decode (minikv/model/tokenizer.py",),
     "tokenize": ("encode_prompt (minikv/model/tokenizer.py", "encode_text (minikv/model/tokenizer.py"),
-    "engine loop: streaming, stops, stats": ("minikv/serve/engine_loop.py",),
+    "engine core loop and its reader: streaming, stops, stats": ("minikv/serve/core.py", "minikv/serve/engine_loop.py"),
     "engine: submit, finish, responses": ("minikv/engine/engine.py", "minikv/engine/front_door.py",
                                           "minikv/engine/request.py"),
     "event loop: waiting for sockets (or for the GIL after them)": ("select (selectors.py",),
@@ -43,9 +44,10 @@ RULES = {  # part -> substrings of a frame; the deepest frame that matches one d
     "JSON": ("json/",),
     "gateway log": ("minikv/serve/gateway.py",),
 }
-IDLE_ENGINE = "EngineLoop._drain (minikv/serve/engine_loop.py"  # deepest minikv frame: waiting for the inbox
+IDLE_ENGINE = "CoreLoop.take_commands (minikv/serve/core.py"  # deepest minikv frame: waiting for the inbox
 HAND_OFF = "call_soon_threadsafe"  # the engine thread posting text to the event loop (it writes to its self-pipe)
-THREADS = {"minikv-engine-loop": "engine thread", "MainThread": "event loop (main thread)"}  # by Python name
+THREADS = {"minikv-engine-core": "engine thread", "minikv-core-reader": "core reader thread",
+           "MainThread": "event loop (main thread)"}  # by Python name
 
 
 def part(frames: list[str]) -> str:

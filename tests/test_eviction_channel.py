@@ -21,7 +21,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request
-from minikv.serve.engine_loop import build_backend
+from minikv.serve.backend import build_backend
 
 SAFE = SafetySwitches.preset("safe")
 WITHOUT_PARTITION = SAFE.with_switches(disable=["cache_partition"])

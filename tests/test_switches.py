@@ -5,7 +5,7 @@ from dataclasses import fields
 from minikv.disagg.cluster import Cluster, ClusterConfig
 from minikv.disagg.switches import PairSwitches, SafetySwitches
 from minikv.engine.config import CacheSwitches, EngineConfig
-from minikv.serve.engine_loop import build_backend
+from minikv.serve.backend import build_backend
 
 CACHE = ("cache_salt", "cache_partition", "scrub_on_free")
 

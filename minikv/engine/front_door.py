@@ -260,11 +260,3 @@ class FrontDoor(ABC):
         self.book.answer(to_response(ended.seq, ended.status, ended.error, self.tokenizer))
         assert seq.uid == ended.seq.uid, f"{seq.request_id} ended as another request"
 
-
-def progress(door: FrontDoor, request_id: str, decode: bool) -> tuple[int, str] | None:
-    """A live request's tokens generated so far and, if `decode`, the text a stream may show of them
-    (else ""); None once it ended. What a server streams, decoded as the final answer is (request.py)."""
-    seq = door.seqs.get(request_id)
-    if seq is None:
-        return None
-    return len(seq.output_ids), seq.visible_text(door.tokenizer) if decode and seq.output_ids else ""

@@ -101,6 +101,13 @@ class Sequence:
                                                page_keying[1])
         return seq
 
+    @classmethod
+    def text_view(cls, request: Request, prompt_ids: list[int]) -> "Sequence":
+        """A copy that only turns ids into text (a server's HTTP side, streaming): the prompt's tail and the
+        stop strings, no sampler, no pages. Append output ids, read `visible_text`: what the engine's answer
+        will say, cut where the engine cuts it."""
+        return cls("-", "-", list(prompt_ids), 0, SamplingParams(), 0.0, uid=0, stop=tuple(request.stop))
+
     def copy_for_node(self) -> "Sequence":
         """Another node's own copy (as separate servers each keep one): same identity, own lists and
         sampler."""

@@ -169,6 +169,13 @@ def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> L
     raise CheckpointError(f"{path}: {problem}")
 
 
+def load_tokenizer_of(path: str | Path | None = None) -> PreTrainedTokenizerBase:
+    """A checkpoint's tokenizer alone, checked as `load_model` checks it (a server's HTTP side: no weights)."""
+    path = Path(path) if path is not None else default_model_dir()
+    with quiet_transformers():
+        return load_tokenizer(path, load_hf_config(path))
+
+
 def load_model(path: str | Path | None = None, device: str | torch.device | None = None,
                dtype: torch.dtype = torch.float32) -> tuple[Llama, PreTrainedTokenizerBase]:
     """Build minikv's Llama from a local checkpoint directory and return it with its tokenizer."""

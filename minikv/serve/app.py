@@ -174,8 +174,7 @@ def intake(raw: bytes, chat: bool, tenant: str, loop: EngineLoop,
     all of it on one worker thread, never on the event loop. Raises APIError or Rejected."""
     body = parse_body(raw, ChatBody if chat else CompletionBody, settings)
     request = to_request(body, tenant, settings.model_name)
-    door = loop.door
-    return body, request, check_at_door(request, door.tokenizer, settings.context_len, door.chars_per_token)
+    return body, request, check_at_door(request, loop.tokenizer, settings.context_len, loop.chars_per_token)
 
 
 def parse_body(raw: bytes, schema: type[BaseModel], settings: ServerSettings) -> SamplingFields:

@@ -112,7 +112,7 @@ def start_door(args: argparse.Namespace, keys: dict[str, str], switches, model, 
     start (startup_check, a worker that did not start)."""
     from minikv.disagg.cluster import StartupRefused
     from minikv.disagg.dist.cluster import WorkerStartError
-    from minikv.serve.engine_loop import build_backend
+    from minikv.serve.backend import build_backend
     from minikv.serve.mystery import MYSTERY_CONTEXT_LEN, prefill_pages
     mystery = args.mystery is not None
     try:
@@ -145,31 +145,40 @@ def startup_lines(args: argparse.Namespace, backend, switches, keys: dict[str, s
                                                         if args.disagg else ""), tenants]
 
 
-def build_server(args: argparse.Namespace, model, tokenizer):
-    """The uvicorn server for `args` over a loaded model (its `engine_loop` attached), and its startup log lines;
-    ValueError with one line when it must not start (startup_check, an unwritable log, ...)."""
+def model_name(args: argparse.Namespace) -> str:
+    from minikv.model.checkpoint import default_model_dir
+    return Path(args.model).name if args.model else default_model_dir().name
+
+
+def build_server(args: argparse.Namespace, tokenizer, model=None):
+    """The uvicorn server for `args` (its `engine_loop` attached), and its startup log lines: its engine core in a
+    process of its own that loads the model, or on a thread of this process over `model` when one is given
+    (ServerThread). ValueError with one line when it must not start (startup_check, an unwritable log, ...)."""
     import uvicorn
 
     from minikv.engine.front_door import UNTOKENIZED_FACTOR
-    from minikv.model.checkpoint import default_model_dir
     from minikv.serve.app import DEFAULT_MAX_BODY_BYTES, ServerSettings, create_app
     from minikv.serve.connections import (KEEP_ALIVE_S, Warner, connection_cap, guarded_protocol,
                                           quiet_accept_errors)
-    from minikv.serve.engine_loop import EngineLoop
+    from minikv.serve.engine_loop import CoreProcess, CoreThread, EngineLoop
     from minikv.serve.gateway import GatewayLog
     keys, switches = check_args(args)
-    model_name = Path(args.model).name if args.model else default_model_dir().name
     try:
         gateway = GatewayLog(args.log)
     except OSError as e:
         raise ValueError(f"cannot open the gateway log {args.log}: {e.strerror or e}") from None
-    backend = start_door(args, keys, switches, model, tokenizer)
-    loop, context_len = EngineLoop(backend), backend.config.context_len
-    lines = startup_lines(args, backend, switches, keys, model_name)
+    if model is None:
+        core = CoreProcess(args)
+        lines, context_len = core.ready.startup_lines, core.ready.context_len
+    else:
+        backend = start_door(args, keys, switches, model, tokenizer)
+        core, context_len = CoreThread(backend), backend.config.context_len
+        lines = startup_lines(args, backend, switches, keys, model_name(args))
+    loop = EngineLoop(core, tokenizer)
     mystery = args.mystery is not None  # then no operator's view of /health and no engine reasons: both tell
-    settings = ServerSettings(model_name, context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+    settings = ServerSettings(model_name(args), context_len, keys, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
                               None if mystery else args.admin_key,
-                              UNTOKENIZED_FACTOR * context_len * backend.chars_per_token, engine_reasons=not mystery)
+                              UNTOKENIZED_FACTOR * context_len * loop.chars_per_token, engine_reasons=not mystery)
     warner = Warner()
     config = uvicorn.Config(create_app(loop, settings, gateway), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=args.shutdown_grace + 5,
@@ -190,16 +199,14 @@ def build_server(args: argparse.Namespace, model, tokenizer):
     return server, lines
 
 
-def run_serve(args: argparse.Namespace, load) -> int:
-    """Start the server and block until it is stopped; 2 with a one-line error if it cannot start."""
-    import torch
-
+def run_serve(args: argparse.Namespace) -> int:
+    """Start the server and block until it is stopped; 2 with a one-line error if it cannot start. This process
+    holds the tokenizer only: the engine core, in a process of its own, loads the model."""
+    from minikv.model.checkpoint import load_tokenizer_of
     from minikv.serve.connections import raise_descriptor_limit
     check_args(args)
-    torch.set_num_threads(args.threads)
     raise_descriptor_limit()  # before the connection cap is read from it
-    model, tokenizer = load(args.model, args.device)
-    server, lines = build_server(args, model, tokenizer)
+    server, lines = build_server(args, load_tokenizer_of(args.model))
     print("\n".join(lines), flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):  # uvicorn takes these while it serves and, after its graceful
         signal.signal(sig, lambda *_: None)      # shutdown, raises them again: land here and exit 0
@@ -208,5 +215,7 @@ def run_serve(args: argparse.Namespace, load) -> int:
     except SystemExit:  # uvicorn exits when it cannot bind the port, after logging why
         print(f"error: could not serve on {args.host}:{args.port}", file=sys.stderr)
         return 2
+    finally:
+        server.engine_loop.stop()  # a second time is harmless; without the lifespan, the core's only stop
     print("server stopped", flush=True)
     return 0

@@ -1,85 +1,57 @@
-"""The one thread that owns the front door (`Engine`, `Cluster` or `DistCluster`), as vLLM's engine core: every
-connection's request shares each step, and a long prefill never stalls uvicorn's event loop. A handler talks to it
-only through a `Ticket`: streamed text as the sequence shows it, then its `Response`, exactly once (docs/serve.md)."""
+"""The HTTP side of the engine core (core.py): `EngineLoop` sends it Submit and Cancel, and a reader thread
+turns each StepOutput into what every handler waits for. A handler talks to it only through a `Ticket`:
+streamed text as the request's ids show it (decoded here, off the core), then its `Response`, exactly once
+(docs/serve.md). The core runs in a process of its own (`CoreProcess`, `minikv serve`) or on a thread of
+this one (`CoreThread`, ServerThread); if it dies or stops answering, every live and new request is
+answered 503."""
 
 import asyncio
+import itertools
+import multiprocessing
+import os
 import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import Cluster, ClusterConfig
-from minikv.disagg.dist.cluster import DistCluster
-from minikv.disagg.switches import SafetySwitches
-from minikv.engine.config import EngineConfig, batch_for_pool
-from minikv.engine.engine import Engine
-from minikv.engine.front_door import FrontDoor, progress
-from minikv.engine.partition import quota_pages
-from minikv.engine.request import Request, Response, error_response
-from minikv.model.llama import Llama
+from minikv.disagg.dist.child import STALL_S
+from minikv.engine.front_door import FrontDoor
+from minikv.engine.request import Request, Response, Sequence, error_response
+from minikv.model.tokenizer import longest_token_chars
+from minikv.serve.core import SHUTTING_DOWN, CoreLoop, core_main
+from minikv.serve.core_messages import Cancel, CoreFailed, Drain, Ready, StepOutput, Stop, Submit
 
-IDLE_WAIT_S = 0.05  # how long the idle loop waits for a request before looking again
-TRANSPORTS = ("inprocess", "distributed")
-SHUTTING_DOWN = "the server is shutting down"
-
-
-def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: SafetySwitches, disagg: bool,
-                  context_len: int | None, num_pages: int, transport: str = "inprocess",
-                  model_dir: str | None = None, device: str | None = None, threads: int = 1, tenants: int = 1,
-                  prefill_chunk: int | None = None, prefill_pages: int | None = None,
-                  max_batch: int | None = None) -> FrontDoor:
-    """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`; its
-    prefill pool `prefill_pages`, by default ClusterConfig's). The event log is off (a server runs for days); the
-    audit stays on. With `cache_partition` every pool is cut for `tenants` (one a key) and raised, if need be,
-    until each tenant's quota holds one context window. The single engine runs `max_batch` requests at once, by
-    default as many as its pool admits (batch_for_pool)."""
-    assert transport in TRANSPORTS, f"unknown transport {transport!r}"
-    context = {"context_len": context_len} if context_len else {}
-    context["cache_tenants"] = max(1, tenants)
-    if prefill_chunk:  # on the single engine, or on the pair's prefill node
-        context |= {"chunked_prefill": True, "max_prefill_tokens": prefill_chunk}
-    if disagg:
-        pair = ClusterConfig(event_log=False, **context, **({"prefill_pages": prefill_pages} if prefill_pages else {}))
-        if switches.cache_partition:
-            pair = replace(pair, prefill_pages=quota_pages(pair.prefill_pages, pair.context_len, pair.page_size,
-                                                           pair.cache_tenants),
-                           decode_pages=quota_pages(pair.decode_pages, pair.context_len, pair.page_size,
-                                                    pair.cache_tenants))
-        if transport == "distributed":
-            return DistCluster(tokenizer, pair, switches, model_dir=model_dir,
-                               devices=(device, device) if device else None, threads=threads)
-        return Cluster(model, tokenizer, pair, switches)
-    config = EngineConfig(num_pages=num_pages, event_log=False, **context, cache_salt=switches.cache_salt,
-                          cache_partition=switches.cache_partition, scrub_on_free=switches.scrub_on_free)
-    if switches.cache_partition:
-        config = replace(config, num_pages=quota_pages(num_pages, config.context_len, config.page_size,
-                                                       config.cache_tenants))
-    batch = max_batch or batch_for_pool(config.num_pages * config.page_size)
-    return Engine(model, tokenizer, replace(config, max_batch_size=batch))
+READ_WAIT_S = 0.1  # how long the reader waits for a StepOutput before checking that the core lives
+START_TIMEOUT_S = 180.0  # the core loads a model (the pair's workers theirs too): slow on a busy machine
+STOP_TIMEOUT_S = 10.0
+UNAVAILABLE = "service unavailable: the engine core is down"  # what clients are told
+_keys = itertools.count(1)
 
 
 @dataclass(eq=False)
 class Ticket:
-    """One HTTP request's place in the loop; its handler reads `updates`: text deltas if streamed, then the Response."""
+    """One HTTP request's place in the loop; its handler reads `updates`: text deltas if streamed, then the
+    Response."""
 
     request: Request
     stream: bool
     aio_loop: asyncio.AbstractEventLoop
-    prompt_ids: list[int] | None = None  # what the door's checks returned, on the handler's thread
+    prompt_ids: list[int] = field(default_factory=list)  # what check_at_door returned, on a worker thread
     updates: asyncio.Queue = field(default_factory=asyncio.Queue)
-    # Written by the loop thread only:
-    engine_id: str | None = None
+    key: int = field(default_factory=lambda: next(_keys))  # names it in the messages to and from the core
+    # Written by the reader thread only:
     tokens_seen: int = 0  # tokens generated so far (what a gateway records if the client leaves)
     sent_chars: int = 0
+    text: Sequence | None = None  # a stream's ids, decoded here as the engine decodes its answer
 
 
 def post_all(items: list[tuple[Ticket, str | Response]]) -> None:
-    """Hand every ticket its item, thread-safe, with one wake-up of each handler's event loop: one a step, not one a
-    token per request. An item for a loop that has closed is dropped: nobody is waiting."""
+    """Hand every ticket its item, thread-safe, with one wake-up of each handler's event loop: one a step, not
+    one a token per request. An item for a loop that has closed is dropped: nobody is waiting."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, str | Response]]] = {}
     for ticket, item in items:
         by_loop.setdefault(ticket.aio_loop, []).append((ticket, item))
@@ -90,133 +62,214 @@ def post_all(items: list[tuple[Ticket, str | Response]]) -> None:
             pass
 
 
-class EngineLoop:
-    """Owns `door` on one thread; `submit` and `cancel` may be called from any thread."""
+class CoreThread:
+    """The core loop on a thread of this process, over a door already built (ServerThread: one model)."""
+
+    where = "thread"
 
     def __init__(self, door: FrontDoor) -> None:
-        self.door = door
-        self._inbox: queue.SimpleQueue[tuple[str, Ticket]] = queue.SimpleQueue()
-        self._live: dict[str, Ticket] = {}  # engine id -> ticket; the loop thread's alone
-        self._stopping = threading.Event()
-        self._drain_at: float | None = None  # once set (SIGTERM), no new request; at this time, 503 for the rest
-        self._thread = threading.Thread(target=self._main, name="minikv-engine-loop", daemon=True)
-        self._stats: dict = {}  # a fresh dict each step, swapped in whole: a reader never sees one half-made
-        self._outgoing: list[tuple[Ticket, str | Response]] = []  # this step's items, posted together
-        self.steps = 0
+        self.door, self.pid = door, os.getpid()
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()
+        loop = CoreLoop(door, self.outbox)
+        self.thread = threading.Thread(target=loop.run, args=(self.inbox, lambda: True),
+                                       name="minikv-engine-core", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def end(self, timeout_s: float) -> None:
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
+
+
+class CoreProcess:
+    """The core loop in a process of its own (spawned), which loads the model as `minikv serve ARGS` asks."""
+
+    where, door = "process", None
+
+    def __init__(self, args) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        # not a daemon: a daemon may not start children, and the distributed pair's workers are the core's
+        self.process = ctx.Process(target=core_main, args=(args, self.inbox, self.outbox, os.getpid()),
+                                   name="minikv-engine-core")
+        self.process.start()
+        self.pid = self.process.pid
+        try:
+            self.ready = self.wait_ready()
+        except BaseException:  # it could not start, or Ctrl-C while it loads: no core is left behind
+            self.end(1.0)
+            raise
+
+    def wait_ready(self) -> Ready:
+        """The core's Ready, or ValueError (the core gone) with its one line of why."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                message = self.outbox.get(timeout=0.2)
+            except queue.Empty:
+                if not self.process.is_alive():
+                    break
+                continue
+            if isinstance(message, Ready):
+                return message
+            if isinstance(message, CoreFailed):
+                raise ValueError(message.reason)
+        if self.process.exitcode is not None:
+            raise ValueError(f"the engine core exited with code {self.process.exitcode} while starting")
+        raise ValueError(f"the engine core did not start within {START_TIMEOUT_S:.0f} s")
+
+    def start(self) -> None:
+        """Started at construction: the server prints its Ready lines before it listens."""
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def end(self, timeout_s: float) -> None:
+        """Wait for the core to exit; kill it if it lingers."""
+        self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.inbox.cancel_join_thread()  # a dead core never reads what is left: do not wait on it at exit
+
+
+class EngineLoop:
+    """The HTTP side's handle on the core: `submit` and `cancel` may be called from any thread."""
+
+    def __init__(self, core: CoreThread | CoreProcess, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.core, self.tokenizer = core, tokenizer
+        self.door = core.door  # the front door itself when the core is a thread of this process, else None
+        self.chars_per_token = longest_token_chars(tokenizer)  # for the length check before tokenizing
+        self._tickets: dict[int, Ticket] = {}  # key -> ticket, until its Response
+        self._lock = threading.Lock()  # guards _tickets and _closed against the reader thread
+        self._closed: str | None = None  # why new requests are refused (draining, stopping, the core down)
+        self._stopping = False  # stop() was called: the core's end is a shutdown, not a failure
+        self.failure: str | None = None
+        self._stats: dict = {}
+        self._last_heard = time.monotonic()
+        self._reader = threading.Thread(target=self._read, name="minikv-core-reader", daemon=True)
 
     # -- any thread -------------------------------------------------------------------------------
     def start(self) -> None:
-        self._refresh_stats()
-        self._thread.start()
+        self.core.start()
+        self._last_heard = time.monotonic()
+        self._reader.start()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Finish the current step, answer whatever is left 503, and end the thread."""
-        self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """The core answers whatever is left 503 and exits; the reader hands those answers over, then ends."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._closed, self._stopping = self._closed or SHUTTING_DOWN, True
+        self.core.inbox.put(Stop())
+        self.core.end(timeout_s)
+        if self._reader.is_alive():
+            self._reader.join(timeout_s)
+        self._refuse_all(SHUTTING_DOWN)  # a core killed for lingering answered nobody
 
     def drain(self, grace_s: float) -> None:
         """Take no new request; let those in flight go on for `grace_s`, then end each with a 503."""
-        if self._drain_at is None:
-            self._drain_at = time.monotonic() + grace_s
+        with self._lock:
+            if self._closed is None:
+                self._closed = SHUTTING_DOWN
+                self.core.inbox.put(Drain(grace_s))
 
     def submit(self, ticket: Ticket) -> None:
-        if self._stopping.is_set() or self._drain_at is not None:
-            post_all([(ticket, _refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN))])
-        else:
-            self._inbox.put(("submit", ticket))
+        if ticket.stream:
+            ticket.text = Sequence.text_view(ticket.request, ticket.prompt_ids)
+        with self._lock:
+            refused = self._closed
+            if refused is None:
+                self._tickets[ticket.key] = ticket
+                self.core.inbox.put(Submit(ticket.key, ticket.request, ticket.prompt_ids))
+        if refused is not None:
+            post_all([(ticket, unavailable(ticket, refused))])
 
     def cancel(self, ticket: Ticket) -> None:
         """The client went away: free the request's pages at the next step."""
-        self._inbox.put(("cancel", ticket))
+        if ticket.key in self._tickets:
+            self.core.inbox.put(Cancel(ticket.key))
 
     def stats(self) -> dict:
-        """Pool occupancy and live requests, as of the last step."""
-        return dict(self._stats)
+        """Pools and live requests as of the core's last step, where the core runs, and why it is down."""
+        core = {"pid": self.core.pid, "runs_on": self.core.where, "alive": self.core.alive()}
+        return self._stats | {"core": core} | ({"failure": self.failure} if self.failure else {})
 
-    # -- the loop thread --------------------------------------------------------------------------
-    def _main(self) -> None:
-        while not self._stopping.is_set():
+    # -- the reader thread ------------------------------------------------------------------------
+    def _read(self) -> None:
+        """Hand over each StepOutput until the core ends; if it dies or goes silent, the server is down."""
+        while True:
             try:
-                self._drain(block=not self.door.has_work())
-                if self.door.has_work():
-                    done = self.door.step()
-                    self.steps += 1
-                    self._relay()
-                    for response in done:
-                        self._deliver(response)
-                if self._drain_at is not None and time.monotonic() >= self._drain_at:
-                    self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)
-                self._refresh_stats()
-            except Exception as e:  # a bug must end the requests it touched, never the server
-                print(f"engine loop: step failed ({type(e).__name__}); answering live requests 500", file=sys.stderr)
-                self._refuse_live(HTTPStatus.INTERNAL_SERVER_ERROR, f"engine error: {type(e).__name__}")
-            post_all(self._outgoing)
-            self._outgoing.clear()
-        self._refuse_live(HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)
-        while not self._inbox.empty():
-            kind, ticket = self._inbox.get_nowait()
-            if kind == "submit":
-                self._outgoing.append((ticket, _refused(ticket, HTTPStatus.SERVICE_UNAVAILABLE, SHUTTING_DOWN)))
-        post_all(self._outgoing)
-        self.door.close()  # the distributed cluster's workers stop here; nothing else holds processes
+                message = self.core.outbox.get(timeout=READ_WAIT_S)
+            except queue.Empty:
+                if (problem := self._core_problem()) is not None:
+                    if not self._stopping:
+                        self._fail(problem)
+                    return
+                continue
+            self._last_heard = time.monotonic()
+            if isinstance(message, StepOutput):
+                self._hand_over(message)
 
-    def _drain(self, block: bool) -> None:
-        """Take every command waiting in the inbox (waiting a moment for the first when `block`)."""
-        try:
-            kind, ticket = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
-            while True:
-                if kind == "submit":
-                    self._submit(ticket)
-                elif self._live.get(ticket.engine_id) is ticket:  # a cancel of a request still live
-                    self.door.cancel(ticket.engine_id)
-                kind, ticket = self._inbox.get_nowait()
-        except queue.Empty:
-            return
+    def _core_problem(self) -> str | None:
+        """Why the core is down (it ended, or it has been silent for STALL_S), or None."""
+        silent = time.monotonic() - self._last_heard
+        core = f"the engine core ({self.core.where} {self.core.pid})"
+        if not self.core.alive():
+            code = getattr(getattr(self.core, "process", None), "exitcode", None)
+            return f"{core} exited" + (f" with code {code}" if code else "")
+        if silent > STALL_S:
+            return f"{core} stopped answering: no message for {silent:.0f} s"
+        return None
 
-    def _submit(self, ticket: Ticket) -> None:
-        try:
-            ticket.engine_id = self.door.submit(ticket.request, ticket.prompt_ids)
-            self._live[ticket.engine_id] = ticket
-        except Exception as e:  # the engine answers bad requests 400 itself; this is a bug, for this request only
-            print(f"engine loop: submit failed ({type(e).__name__})", file=sys.stderr)
-            reason = f"engine error: {type(e).__name__}"
-            self._outgoing.append((ticket, _refused(ticket, HTTPStatus.INTERNAL_SERVER_ERROR, reason)))
+    def _hand_over(self, out: StepOutput) -> None:
+        """New text to each stream (decoded from the step's ids), then each finished request's Response."""
+        items: list[tuple[Ticket, str | Response]] = []
+        for key, ids in out.tokens.items():
+            if (ticket := self._tickets.get(key)) is not None:
+                ticket.tokens_seen += len(ids)
+                if ticket.text is not None:
+                    ticket.text.output_ids += ids
+                    self._send(items, ticket, ticket.text.visible_text(self.tokenizer))
+        for key, response in out.finished:
+            with self._lock:
+                ticket = self._tickets.pop(key, None)
+            if ticket is None:
+                continue
+            if ticket.stream and response.status == HTTPStatus.OK:
+                self._send(items, ticket, response.text)
+            ticket.tokens_seen = response.usage.completion_tokens or ticket.tokens_seen
+            items.append((ticket, response))
+        self._stats = out.stats
+        post_all(items)
 
-    def _relay(self) -> None:
-        """Each live request's progress; a streamed one's visible text (never a tail that could start a stop string)."""
-        for eid, ticket in self._live.items():
-            if (now := progress(self.door, eid, decode=ticket.stream)) is not None:
-                ticket.tokens_seen, text = now
-                self._send(ticket, text)
-
-    def _send(self, ticket: Ticket, text: str) -> None:
+    @staticmethod
+    def _send(items: list, ticket: Ticket, text: str) -> None:
         if len(text) > ticket.sent_chars:
-            self._outgoing.append((ticket, text[ticket.sent_chars:]))
+            items.append((ticket, text[ticket.sent_chars:]))
             ticket.sent_chars = len(text)
 
-    def _deliver(self, response: Response) -> None:
-        ticket = self._live.pop(response.request_id, None)
-        if ticket is None:
-            return
-        if ticket.stream and response.status == HTTPStatus.OK:
-            self._send(ticket, response.text)
-        ticket.tokens_seen = response.usage.completion_tokens or ticket.tokens_seen
-        self._outgoing.append((ticket, response))
+    def _fail(self, reason: str) -> None:
+        """The core is down: say so once on stderr, answer every live and new request 503, end a stalled
+        core."""
+        self.failure = reason
+        print(f"minikv serve: {reason}; answering 503 from now on", file=sys.stderr, flush=True)
+        with self._lock:
+            self._closed = UNAVAILABLE
+        self._refuse_all(UNAVAILABLE)
+        if isinstance(self.core, CoreProcess):
+            self.core.end(0.0)
 
-    def _refuse_live(self, status: HTTPStatus, reason: str) -> None:
-        """End every live request with `status` (its engine request cancelled, so its pages come back)."""
-        for eid, ticket in self._live.items():
-            try:
-                self.door.cancel(eid)
-            except Exception:  # noqa: BLE001 - a broken door still owes every client an answer
-                pass
-            self._outgoing.append((ticket, _refused(ticket, status, reason)))
-        self._live.clear()
-
-    def _refresh_stats(self) -> None:
-        self._stats = self.door.health() | {"live_requests": len(self._live), "steps": self.steps}
+    def _refuse_all(self, reason: str) -> None:
+        with self._lock:
+            tickets, self._tickets = list(self._tickets.values()), {}
+        post_all([(ticket, unavailable(ticket, reason)) for ticket in tickets])
 
 
-def _refused(ticket: Ticket, status: HTTPStatus, reason: str) -> Response:
-    return error_response(ticket.engine_id or "-", ticket.request.tenant, status, reason)
+def unavailable(ticket: Ticket, reason: str) -> Response:
+    return error_response("-", ticket.request.tenant, HTTPStatus.SERVICE_UNAVAILABLE, reason)

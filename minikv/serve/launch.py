@@ -121,7 +121,7 @@ class ServerThread(LocalServer):
         parser = argparse.ArgumentParser(prog="minikv serve")
         add_serve_arguments(parser)
         argv = ["--port", str(self.port), *args, "--admin-key", self.admin_key]
-        self.server, self.startup_log = build_server(parser.parse_args(argv), model, tokenizer)
+        self.server, self.startup_log = build_server(parser.parse_args(argv), tokenizer, model)
         self.thread = threading.Thread(target=self.server.run, name=f"minikv-serve-{self.port}", daemon=True)
         self.thread.start()
         self.wait_ready(self.thread.is_alive)

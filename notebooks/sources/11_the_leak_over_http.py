@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 11 · The leak over HTTP: a real server, the official client, and a probe you can point anywhere
 #
-# **The code it teaches:** `minikv/serve/app.py` (the routes and keys), `minikv/serve/engine_loop.py` (the one thread that steps the engine for every client), `minikv/serve/gateway.py` (the server's own log) and `minikv/probe/run.py` (the black-box checks).
+# **The code it teaches:** `minikv/serve/app.py` (the routes and keys), `minikv/serve/core.py` (the one loop that steps the engine for every client; `engine_loop.py` is its HTTP side), `minikv/serve/gateway.py` (the server's own log) and `minikv/probe/run.py` (the black-box checks).
 #
 # **What you will learn**
 # - to serve minikv as vLLM and SGLang serve models: an OpenAI-compatible HTTP API, one engine loop
@@ -55,9 +55,10 @@ print("\n".join(line for line in vulnerable.startup_log if line.startswith("["))
 # Its startup log names each pool next to the window, as notebook 06 asks every operator to read it:
 # the prefill pool holds 672 tokens, the window promises 1,024.
 #
-# Behind the HTTP routes (`minikv/serve/app.py`, FastAPI served by uvicorn) sits **one engine loop**
-# (`minikv/serve/engine_loop.py`): a thread that owns the cluster, takes requests from every
-# connection, steps the engine, and streams each client its tokens. The key in the header
+# Behind the HTTP routes (`minikv/serve/app.py`, FastAPI served by uvicorn) sits **one engine core**
+# (`minikv/serve/core.py`): a loop that owns the cluster, takes requests from every connection, steps
+# the engine, and sends back each step's new tokens, which the HTTP side streams to each client. Here it
+# runs on a thread of this kernel; `minikv serve` in a terminal runs it in a process of its own. The key in the header
 # `Authorization: Bearer <key>` decides the tenant; nothing in the request body can. The official
 # client needs only the address and a key:
 

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from transformers import PreTrainedTokenizerBase
 
 from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, partition_tenants, startup_problem
+from minikv.disagg.dist.child import STALL_S
 from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
 from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
@@ -24,7 +25,6 @@ from minikv.engine.front_door import FrontDoor
 from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
-STALL_S = 10.0  # a worker silent this long (it reports at least every HEARTBEAT_S) has stopped answering
 START_TIMEOUT_S = 180.0  # both workers load a model: slow on a busy machine
 STOP_TIMEOUT_S = 5.0
 UNAVAILABLE = "service unavailable: a worker of the prefill/decode pair is down"  # what clients are told

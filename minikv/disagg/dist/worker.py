@@ -5,7 +5,6 @@ process group joined through the bootstrap TCPStore, a node built by `build_node
 
 import os
 import queue
-import signal
 import socket
 import time
 import traceback
@@ -17,6 +16,7 @@ import torch.distributed as dist
 
 from minikv.disagg.cluster import ClusterConfig, build_node, node_pool, pool_line, transfer_cap
 from minikv.disagg.decode_node import DecodeNode
+from minikv.disagg.dist.child import HEARTBEAT_S, exit_now, ignore_group_signals, parent_alive
 from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
 from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
@@ -27,7 +27,6 @@ from minikv.model.checkpoint import load_model
 PREFILL_RANK, DECODE_RANK = 0, 1
 ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
 IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
-HEARTBEAT_S = 1.0  # a worker reports at least this often, busy or idle: the front door's sign of life
 WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
 LOOPBACK_INTERFACE = "lo"  # gloo's listeners: the pair never leaves this machine
@@ -49,8 +48,7 @@ class WorkerSpec:
 
 def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> None:
     """The worker process's entry point (multiprocessing spawns it)."""
-    # Ctrl-C reaches the whole group; the front door stops us in order
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_group_signals()
     try:
         torch.set_num_threads(spec.threads)
         model, tokenizer = load_model(spec.model_dir, spec.devices[rank])
@@ -73,9 +71,7 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-        outbox.close()
-        outbox.join_thread()  # everything this worker said reaches the front door
-        os._exit(0)  # skip the interpreter's teardown: about 2 s of library exit hooks, nothing of ours
+        exit_now(outbox)  # once everything this worker said has reached the front door
 
 
 def loopback_store(rank: int, port: int) -> dist.TCPStore:
@@ -108,7 +104,7 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
     change."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
     last, reported = report(node, manager), time.monotonic()  # what worker_main reported
-    while os.getppid() == parent_pid:
+    while parent_alive(parent_pid):
         if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
             return
         if node.live() or manager.rooms:

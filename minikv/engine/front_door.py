@@ -39,7 +39,8 @@ MAX_SALT_CHARS = 256
 
 def check_shape(request: Request) -> None:
     """The request's fields, before its prompt is read: max_tokens, sampling, cache_salt."""
-    if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+    wanted = request.max_tokens
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 1:
         raise Rejected(f"max_tokens must be a positive integer, got {request.max_tokens!r}", "max_tokens")
     if not isinstance(request.sampling, SamplingParams):
         raise Rejected(f"sampling must be SamplingParams, got {type(request.sampling).__name__}")
@@ -47,7 +48,8 @@ def check_shape(request: Request) -> None:
         raise Rejected(problem[1], problem[0])
     # client input like any other: an over-long one ended vLLM's engine (CVE-2026-105756)
     salt = request.cache_salt
-    if salt is not None and not (isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable()):
+    valid = isinstance(salt, str) and 1 <= len(salt) <= MAX_SALT_CHARS and salt.isprintable()
+    if salt is not None and not valid:
         shown = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
         raise Rejected(f"cache_salt must be 1 to {MAX_SALT_CHARS} printable characters, got {shown}",
                        "cache_salt")
@@ -62,8 +64,8 @@ def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_
     if (chars_per_token is not None and isinstance(text, str)
             and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token):
         at_least = -(-len(text) // chars_per_token)
-        raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window is "
-                       f"{context_len} tokens (prompt + output)", "prompt", at_least)
+        raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window "
+                       f"is {context_len} tokens (prompt + output)", "prompt", at_least)
     try:
         ids = encode_prompt(tokenizer, text)
     except PromptError as e:
@@ -75,14 +77,16 @@ def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_
 def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
     """The prompt, and the prompt plus its output, must fit the advertised context window."""
     if prompt_len > context_len - 1:
-        raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens (prompt + output)",
-                       "prompt", prompt_len)
+        raise Rejected(f"prompt has {prompt_len} tokens; the context window is {context_len} tokens "
+                       "(prompt + output)", "prompt", prompt_len)
     if prompt_len + max_tokens > context_len:
-        raise Rejected(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
-                       f"exceeds the context window of {context_len} tokens", "prompt", prompt_len)
+        raise Rejected(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = "
+                       f"{prompt_len + max_tokens} exceeds the context window of {context_len} tokens",
+                       "prompt", prompt_len)
 
 
-def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int, partitioned: bool = False) -> None:
+def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int,
+               partitioned: bool = False) -> None:
     """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never
     run."""
     if num_tokens > pool_tokens:
@@ -120,7 +124,7 @@ class RequestBook:
             self.named[(tenant, name)] = name
             self.tenant_of[name] = tenant
             return name, tenant, None
-        request_id = next(f"{AUTO_PREFIX}{n}" for n in self.auto_ids if f"{AUTO_PREFIX}{n}" not in self.tenant_of)
+        request_id = next(i for n in self.auto_ids if (i := f"{AUTO_PREFIX}{n}") not in self.tenant_of)
         self.tenant_of[request_id] = tenant
         if name and problem is None:
             self.named[(tenant, name)] = request_id
@@ -138,7 +142,8 @@ class RequestBook:
         for request_id in list(self.outbox) if request_ids is None else request_ids:
             response = self.outbox.pop(request_id)
             tenant = self.tenant_of.pop(request_id)
-            assert response.tenant == tenant, f"{request_id}: answer for {response.tenant!r} would go to {tenant!r}"
+            assert response.tenant == tenant, \
+                f"{request_id}: answer for {response.tenant!r} would go to {tenant!r}"
             name = response.client_request_id
             if name and self.named.get((tenant, name)) == request_id:
                 del self.named[(tenant, name)]
@@ -199,7 +204,8 @@ class FrontDoor(ABC):
                 raise Rejected(problem)
             if self.slots is not None and (refused := self.slots.take(tenant)):
                 raise Rejected(refused)
-            ids = prompt_ids or check_at_door(request, self.tokenizer, self.config.context_len, self.chars_per_token)
+            ids = prompt_ids or check_at_door(request, self.tokenizer, self.config.context_len,
+                                              self.chars_per_token)
             self.seqs[request_id] = self._admit(request, request_id, ids)
             return request_id
         except Rejected as e:
@@ -251,7 +257,8 @@ class FrontDoor(ABC):
         raise RuntimeError(f"{type(self).__name__} still busy after 100000 steps")
 
     # -- what the backends share -------------------------------------------------------------
-    def _event(self, kind: str, request_id: str, tenant: str, detail: str = "", pages: tuple[int, ...] = ()) -> None:
+    def _event(self, kind: str, request_id: str, tenant: str, detail: str = "",
+               pages: tuple[int, ...] = ()) -> None:
         self.log.add(Event(self.clock.now, self.door, kind, request_id, tenant, pages, detail))
 
     def _end(self, ended: Finished) -> None:

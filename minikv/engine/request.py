@@ -112,8 +112,8 @@ class Sequence:
         """Another node's own copy (as separate servers each keep one): same identity, own lists and
         sampler."""
         return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
-                        self.arrival_s, uid=self.uid, client_request_id=self.client_request_id, stop=self.stop,
-                        cache_keys=list(self.cache_keys), room=self.room)
+                        self.arrival_s, uid=self.uid, client_request_id=self.client_request_id,
+                        stop=self.stop, cache_keys=list(self.cache_keys), room=self.room)
 
     def abort(self, status: int, reason: str) -> "Finished":
         """The one way a request ends unserved: finish_reason "abort", and how it left (status, reason)."""
@@ -205,7 +205,8 @@ class Finished:
     error: str | None = None
 
 
-def to_response(seq: Sequence, status: int, error: str | None, tokenizer: PreTrainedTokenizerBase) -> Response:
+def to_response(seq: Sequence, status: int, error: str | None,
+                tokenizer: PreTrainedTokenizerBase) -> Response:
     """The one way a Sequence becomes a Response: a 200 carries the text and usage; anything else
     no text and no generated tokens (the client received none). A node's 400 refuses a prompt too long."""
     if status != HTTPStatus.OK:
@@ -222,5 +223,6 @@ def error_response(request_id: str, tenant: str, status: int, reason: str, promp
                    param: str | None = None) -> Response:
     """An answer with no text: 400 refused (the reason names the numbers; `code` and `param` as
     OpenAI's), 499, 500, 503."""
-    return Response(request_id, tenant, status, usage=Usage(prompt_tokens, 0), error=reason, finish_reason="abort",
-                    client_request_id=client_request_id, error_code=code, error_param=param)
+    return Response(request_id, tenant, status, usage=Usage(prompt_tokens, 0), error=reason,
+                    finish_reason="abort", client_request_id=client_request_id, error_code=code,
+                    error_param=param)

@@ -170,7 +170,8 @@ def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> L
 
 
 def load_tokenizer_of(path: str | Path | None = None) -> PreTrainedTokenizerBase:
-    """A checkpoint's tokenizer alone, checked as `load_model` checks it (a server's HTTP side: no weights)."""
+    """A checkpoint's tokenizer alone, checked as `load_model` checks it (a server's HTTP side: no
+    weights)."""
     path = Path(path) if path is not None else default_model_dir()
     with quiet_transformers():
         return load_tokenizer(path, load_hf_config(path))

@@ -151,14 +151,18 @@ class EngineLoop:
         self._stopping = False  # stop() was called: the core's end is a shutdown, not a failure
         self.failure: str | None = None
         self._stats: dict = {}
+        self._stats_known = threading.Event()  # set by the core's first StepOutput
         self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="minikv-core-reader", daemon=True)
 
     # -- any thread -------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the core and the reader; return once the core's first StepOutput is in (so /health shows its
+        pools from the first call on), or after STALL_S if it never comes (then the reader declares it down)."""
         self.core.start()
         self._last_heard = time.monotonic()
         self._reader.start()
+        self._stats_known.wait(STALL_S)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """The core answers whatever is left 503 and exits; the reader hands those answers over, then ends."""
@@ -246,6 +250,7 @@ class EngineLoop:
             ticket.tokens_seen = response.usage.completion_tokens or ticket.tokens_seen
             items.append((ticket, response))
         self._stats = out.stats
+        self._stats_known.set()
         post_all(items)
 
     @staticmethod

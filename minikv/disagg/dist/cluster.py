@@ -15,7 +15,8 @@ from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import ClusterConfig, StartupRefused, pair_devices, partition_tenants, startup_problem
+from minikv.disagg.cluster import (ClusterConfig, StartupRefused, pair_devices, partition_tenants,
+                                   startup_problem)
 from minikv.disagg.dist.child import STALL_S
 from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
 from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
@@ -67,9 +68,9 @@ class DistCluster(FrontDoor):
         self._commands = {rank: ctx.Queue() for rank in ROLES}
         spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
                           transfer_timeout_s, link_s_per_page, threads)
-        self.workers = {rank: ctx.Process(target=worker_main, args=(rank, spec, self._commands[rank], self._news,
-                                                                    os.getpid()),
-                                          name=f"minikv-{role}-worker", daemon=True) for rank, role in ROLES.items()}
+        self.workers = {rank: ctx.Process(target=worker_main, name=f"minikv-{role}-worker", daemon=True,
+                                          args=(rank, spec, self._commands[rank], self._news, os.getpid()))
+                        for rank, role in ROLES.items()}
         for process in self.workers.values():
             process.start()
         self._startup = self._wait_ready()
@@ -161,8 +162,8 @@ class DistCluster(FrontDoor):
         if self.failure is not None or self.stopping:
             return
         silent = {rank: time.monotonic() - heard for rank, heard in self.last_heard.items()}
-        stalled = next((f"the {ROLES[r]} worker (pid {self.workers[r].pid}) stopped answering: no message for {s:.0f} s"
-                        for r, s in silent.items() if s > STALL_S), None)
+        stalled = next((f"the {ROLES[r]} worker (pid {self.workers[r].pid}) stopped answering: no message "
+                        f"for {s:.0f} s" for r, s in silent.items() if s > STALL_S), None)
         if problem := dead_worker(self.workers) or stalled:
             self._fail(problem)
 
@@ -186,8 +187,8 @@ class DistCluster(FrontDoor):
         self._take_news(0.0)
         pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
                  for r, rep in self.reports.items()}
-        workers = {ROLES[rank]: {"pid": process.pid, "alive": process.is_alive(), "exitcode": process.exitcode}
-                   for rank, process in self.workers.items()}
+        workers = {ROLES[rank]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode}
+                   for rank, p in self.workers.items()}
         return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers,
                 "failure": self.failure}
 

@@ -56,13 +56,14 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         dist.init_process_group(BACKEND, store=store, rank=rank, world_size=2, timeout=RENDEZVOUS_TIMEOUT)
         role = ROLES[rank]
         pool, audit = node_pool(role, model, spec.config, spec.switches, model.device)
-        manager = DistKVManager("sender" if rank == PREFILL_RANK else "receiver", pool, audit, store, peer=1 - rank,
+        side = "sender" if rank == PREFILL_RANK else "receiver"
+        manager = DistKVManager(side, pool, audit, store, peer=1 - rank,
                                 batch_cap_pages=transfer_cap(spec.config, spec.switches),
                                 timeout_s=spec.transfer_timeout_s, link_s_per_page=spec.link_s_per_page)
-        node = build_node(role, model, tokenizer, spec.config, spec.switches, EventLog(enabled=False), Clock(),
-                          manager, pool, audit)
-        line = (f"{pool_line(role, pool, spec.config.context_len)}; worker pid {os.getpid()} on {model.device}, "
-                f"{BACKEND} rank {rank}")
+        node = build_node(role, model, tokenizer, spec.config, spec.switches, EventLog(enabled=False),
+                          Clock(), manager, pool, audit)
+        line = (f"{pool_line(role, pool, spec.config.context_len)}; worker pid {os.getpid()} on "
+                f"{model.device}, {BACKEND} rank {rank}")
         outbox.put(Ready(rank, line))
         outbox.put(Report(rank, report(node, manager)))
         serve(rank, node, manager, inbox, outbox, parent_pid)

@@ -37,9 +37,10 @@ def on_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
 
-def start_early() -> subprocess.Popen | None:
-    """tests/browser/browser_check.py on NOTEBOOK in a process of its own, its output to files (tests/conftest.py
-    calls this at collection: JupyterLab and a kernel take most of a minute); None if the browser is missing."""
+def start_check() -> subprocess.Popen | None:
+    """tests/browser/browser_check.py on NOTEBOOK in a process of its own, its output to files; None if the browser
+    is missing. Started when its tests run, never at collection beside the rest of the suite: on two busy cores
+    JupyterLab lost its kernel's connection and asked for a kernel at every Run All (two CI runs)."""
     if missing_browser_parts(CHROMIUM):
         return None
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
@@ -50,14 +51,14 @@ def start_early() -> subprocess.Popen | None:
 
 
 @pytest.fixture(scope="module")
-def seen(request):
-    """The browser check, run once; every test below reads what it saw (its JSON)."""
+def seen():
+    """The browser check, run once, alone (the tests before it have ended); every test below reads what it saw."""
     missing = missing_browser_parts(CHROMIUM)
     if missing and on_ci():
         pytest.fail(f"CI=true but the browser check cannot run: {'; '.join(missing)}", pytrace=False)
     if missing:
         pytest.skip(f"browser check skipped: {'; '.join(missing)}")
-    process = request.getfixturevalue("started_early") or start_early()  # (a --noconftest run stops above)
+    process = start_check()
     process.wait(900)
     process.out.seek(0), process.err.seek(0)
     out = process.out.read()

@@ -18,18 +18,10 @@ from minikv.engine.request import Request, Sequence
 from minikv.serve.core import CoreLoop
 from minikv.serve.core_messages import Cancel, StepOutput, Stop, Submit
 from minikv.serve.launch import ServerProcess
+from processes import running
 
 GONE_WITHIN_S = 5.0  # the core's parent-death check runs every loop: well under a second when idle
 COUNTING = "1 2 3 4 5 6 7 8 9 10 11 12"  # greedy goes on counting: hundreds of tokens
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (read from /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def gone_within(pid: int, seconds: float) -> bool:

@@ -21,6 +21,7 @@ from minikv.probe.report import FAIL, PASS
 from minikv.disagg.dist import cluster as dist_cluster
 from minikv.disagg.dist.worker import HEARTBEAT_S
 from minikv.serve.launch import ServerProcess, ServerThread
+from processes import running
 
 MODEL = "tiny-llama"
 SAFE = ["--disagg", "--preset", "safe", "--context-len", "672", *KEYS]
@@ -42,15 +43,6 @@ def greedy_answers(server) -> list[tuple[str, int]]:
         r = client(server, key).completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
         out.append((r.choices[0].text, r.usage.completion_tokens))
     return out
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` exists and is not a zombie (read from /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def process_tree(pid: int) -> list[int]:

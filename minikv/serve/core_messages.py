@@ -5,6 +5,7 @@ sides."""
 
 from dataclasses import dataclass, field
 
+from minikv.disagg.dist.messages import Stop  # the pair's own: one Stop for every loop
 from minikv.engine.request import Request, Response
 
 
@@ -26,11 +27,6 @@ class Cancel:
 class Drain:
     """SIGTERM: take no new request; end those still running with a 503 after `grace_s`."""
     grace_s: float
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Answer whatever is left 503, close the door, leave the loop."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Stop:
-    """Shut down: the worker leaves its loop and exits."""
+    """Shut down: the loop answers what is left, leaves, and its process exits (a pair's worker, the engine
+    core)."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
-"""Attention over a KV cache: the interface every cache implements, and the dense reference.
-
-The model never owns its K/V: each layer hands them to a *backend* the caller chose, which stores
-them and attends the queries over what each sequence may see. Three paths serve the engine, one file
-each: this one (a batch within itself under a mask: training and the reference), gather.py (request
-by request) and tiles.py (one call for a whole batch). See docs/engine.md.
+"""Attention over a KV cache: the interface every cache implements, and the dense reference. The model
+never owns its K/V: each layer hands them to a *backend* the caller chose. Three paths, one file each:
+this one (a batch within itself under a mask), gather.py and tiles.py. See docs/engine.md.
 """
 
 from typing import Protocol

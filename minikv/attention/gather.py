@@ -1,8 +1,5 @@
-"""Attention request by request: each one's context gathered through its block table, then SDPA.
-
-The per-request path of the three (dense.py names them): no padding to the longest request, and a
-whole prompt takes SDPA's own causal case; the price is one gather and one SDPA launch per request
-per layer, which is why a GPU, or a large decode batch, takes the tiles. See docs/engine.md.
+"""Attention request by request: each one's context gathered through its block table, then SDPA: no
+padding, and a whole prompt takes SDPA's own causal case, at one launch per request. See docs/engine.md.
 """
 
 import torch

@@ -1,9 +1,6 @@
-"""One attention call for a whole batch of requests of different lengths, read straight from pages.
-
-The fast path of the three (dense.py names them), as FlashAttention's varlen API and vLLM's paged
-kernels do it, in plain tensor operations: each block of queries meets each key block (*tile*) of
-its own context it may see, nothing padded to the longest request, and a split softmax (FlashDecoding's
-split-K) puts a block's tiles back together. `TilePlan` is built once per step. See docs/engine.md.
+"""One attention call for a whole batch of requests of different lengths, read straight from pages, as
+FlashAttention's varlen API and vLLM's paged kernels do, in plain tensor operations: query blocks meet
+the key blocks (*tiles*) they may see, and a split softmax (split-K) joins them. See docs/engine.md.
 """
 
 import math
@@ -23,14 +20,8 @@ class TilePlan:
     kv_rows: Tensor  # (n_tiles * KVH * block_k,) rows of the pool viewed as (slots * KVH, D) each tile reads
     tile_hidden: Tensor  # (n_tiles, block_q, block_k) True where the query may NOT see the key
     out_rows: Tensor  # (N,) where each query's output sits among the flattened (n_blocks * block_q) rows
-
-    @property
-    def block_q(self) -> int:
-        return self.tile_hidden.shape[1]
-
-    @property
-    def block_k(self) -> int:
-        return self.tile_hidden.shape[2]
+    block_q: int  # query rows per block
+    block_k: int  # keys per tile
 
 
 def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: int, num_kv_heads: int,
@@ -66,7 +57,7 @@ def tile_plan(block_tables: Tensor, starts: Tensor, num_new: Tensor, page_size: 
     key_pos = tile_idx[:, None] * block_k + torch.arange(block_k, device=device)  # (n_tiles, block_k)
     tile_hidden = (key_pos[:, None, :] > q_pos[tile_block][:, :, None]) | ~row_valid[tile_block][:, :, None]
     out_rows = row_valid.flatten().nonzero().squeeze(1)  # (N,) in request order, padding skipped
-    return TilePlan(block_rows, tile_block, kv_rows, tile_hidden, out_rows)
+    return TilePlan(block_rows, tile_block, kv_rows, tile_hidden, out_rows, block_q, block_k)
 
 
 def segments(counts: Tensor) -> tuple[Tensor, Tensor]:

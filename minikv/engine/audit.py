@@ -1,11 +1,9 @@
 """The ownership audit: a ledger of who wrote every slot, checked on every attention read.
 
-Freed pages keep their data, so what stands between tenants is whether each request reads only the
-slots it wrote: a read of a slot someone else wrote is an event naming reader, victim and pages.
-The one legitimate exception is a **shared read** of a prefix-cache page whose writer sent the same
-prompt up to there (counted apart, `cross_tenant_cache_hits`, when tenants differ). Every step's reads
-are checked with tensor operations against the writer ids and the reader's grants; Python runs only on
-what neither explains, and a shared read it confirms becomes a grant. See docs/engine.md.
+Freed pages keep their data, so a read of a slot someone else wrote is an event naming reader, victim and
+pages; except a **shared read** of a prefix-cache page whose writer sent the same prompt up to there
+(`cross_tenant_cache_hits` when tenants differ). Reads are checked with tensor operations against writer
+ids and the reader's grants; Python runs only on what neither explains (a confirmed shared read: a grant).
 """
 
 from dataclasses import dataclass
@@ -59,7 +57,7 @@ class OwnershipAudit:
 
     def retire(self, uid: int) -> None:
         """`uid` will write no more: its name stays while a slot holds its data (pruned when retired names
-        double); its row of grants goes (a read after this is resolved again)."""
+        double); its grants go."""
         self.live.discard(uid)
         self.shared.pop(uid, None)
         if uid in self.grant_rows:
@@ -143,7 +141,10 @@ class OwnershipAudit:
                 self._grow(2 * len(self.grants), self.grants.shape[1])
             self.grant_rows[reader] = self.free_rows.pop()
         self.grants[self.grant_rows[reader], positions] = writer
-        self._count_cache_hit(reader, writer)
+        if writer not in self.shared.setdefault(reader, set()):  # each (reader, writer) pair counts once
+            self.shared[reader].add(writer)
+            self.cache_hits += 1
+            self.cross_tenant_cache_hits += self.names[reader][1] != self.names[writer][1]  # no salt between
 
     def _grow(self, rows: int, cols: int) -> None:
         """Grow the grants to (rows, cols), new cells NO_GRANT; not an inference tensor: retire writes it."""
@@ -158,16 +159,6 @@ class OwnershipAudit:
         return sum(1 for e in self.events
                    if e.victim_tenant is not None and e.victim_tenant != e.reader_tenant)
 
-    def _count_cache_hit(self, reader: int, writer: int) -> None:
-        """Count each (reader, writer) pair once, however many steps the reader attends over it."""
-        seen = self.shared.setdefault(reader, set())
-        if writer in seen:
-            return
-        seen.add(writer)
-        self.cache_hits += 1
-        if self.names[reader][1] != self.names[writer][1]:
-            self.cross_tenant_cache_hits += 1  # no salt kept the two tenants apart
-
     @property
     def violations(self) -> int:
         """All reads of slots the reader did not write (other requests or never-written memory)."""
@@ -176,9 +167,8 @@ class OwnershipAudit:
 
 def check_reads_reference(audit: OwnershipAudit, reader_uids: Tensor, gather: Tensor,
                           valid: Tensor) -> tuple[list[CrossReadEvent], set[tuple[int, int]]]:
-    """The slow, obvious check, for the tests only: read by read in Python, no grants. Returns what
-    `check_reads` should find on the audit as it stands, and the (reader, writer) pairs of shared reads;
-    changes nothing."""
+    """The slow, obvious check, for the tests: read by read in Python, no grants, changing nothing. What
+    `check_reads` should find on the audit as it stands, and the (reader, writer) pairs of shared reads."""
     writers, positions = audit.writers.tolist(), audit.positions.tolist()
     found, shared = [], set()
     for reader, slots, reads in zip(reader_uids.tolist(), gather.tolist(), valid.tolist()):

@@ -4,8 +4,8 @@
     while engine.has_work():
         finished = engine.step()   # one prefill or decode step; responses that completed
 
-`generate([...])` does it all in one call; the client API is front_door.py's. Every allocation,
-write, read, free and state change lands in `engine.log`; every read is checked by `engine.audit`.
+The client API is front_door.py's. Every allocation, write, read, free and state change lands in
+`engine.log`; every read is checked by `engine.audit`.
 """
 
 from http import HTTPStatus

@@ -1,7 +1,5 @@
-"""The event log: every allocation, write, read, free and state change, in order.
-
-Notebooks and widgets replay it to show what the engine did step by step; tests assert on it.
-Each kind of event and what its fields mean: docs/engine.md, "The event log".
+"""The event log: every allocation, write, read, free and state change, in order; notebooks replay it,
+tests assert on it. Each kind of event and what its fields mean: docs/engine.md, "The event log".
 """
 
 from dataclasses import dataclass, field

@@ -1,13 +1,6 @@
 """Fair admission across tenants: a Virtual Token Counter (Sheng et al., "Fairness in Serving Large
-Language Models", OSDI 2024).
-
-Each tenant has a counter of the service it has received: prompt tokens prefilled, weighted
-`PROMPT_WEIGHT`, and tokens generated, weighted `OUTPUT_WEIGHT` (the paper's weights: a generated token
-costs a step of its own). The scheduler serves the request of the tenant with the *least* counter first
-(first come, first served within a tenant and between equal counters), so a tenant that sends 32 requests
-at once gets no more prefill than one that sends one. A tenant that arrives with nothing queued or running
-has its counter lifted to the least counter of the tenants that have work, so time spent idle banks no
-credit to spend later in a burst. See docs/engine.md.
+Language Models", OSDI 2024). The least served tenant's request goes first, so a tenant that sends 32
+requests at once gets no more prefill than one that sends one. See docs/engine.md.
 """
 
 from collections.abc import Iterable

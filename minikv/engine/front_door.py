@@ -1,9 +1,8 @@
 """The front door every server has, whatever runs behind it: ids, checks, live requests, answers.
 
-`Engine`, `Cluster` and `DistCluster` each supply only how their requests are admitted, cancelled
-and stepped (`_admit`, `_cancel`, `_advance`). The same everywhere: engine-owned ids (a client's
-`request_id` is only echoed back), the checks at the door (400s whose messages name the numbers),
-the live requests (`seqs`), and one Response per request, handed over once. See docs/engine.md.
+`Engine`, `Cluster` and `DistCluster` supply only how requests are admitted, cancelled and stepped
+(`_admit`, `_cancel`, `_advance`). The door owns the rest: engine ids (a client's `request_id` is only
+echoed back), the checks (400s that name the numbers), the live requests (`seqs`), one Response each.
 """
 
 import itertools
@@ -23,8 +22,8 @@ from minikv.model.tokenizer import PromptError, encode_prompt, longest_token_cha
 
 # -- admission control: the checks a request must pass before it may hold any KV cache ---------
 class Rejected(Exception):
-    """A request answered 400: why, the request field it names (OpenAI's `param`), and `prompt_tokens`, how
-    many tokens it had when counted: then the prompt is too long (code `context_length_exceeded`)."""
+    """A request answered 400: why, the field it names (OpenAI's `param`), and `prompt_tokens` when the
+    prompt is too long (code `context_length_exceeded`)."""
 
     def __init__(self, reason: str, param: str | None = None, prompt_tokens: int = 0) -> None:
         super().__init__(reason)
@@ -57,8 +56,7 @@ def check_shape(request: Request) -> None:
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
                   chars_per_token: int | None = None) -> list[int]:
-    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids, or
-    Rejected."""
+    """What every front door checks, cheapest first (the shape, then the window): the prompt's ids."""
     check_shape(request)
     text = request.prompt
     if (chars_per_token is not None and isinstance(text, str)
@@ -87,8 +85,7 @@ def check_context(prompt_len: int, max_tokens: int, context_len: int) -> None:
 
 def check_pool(num_tokens: int, pool_tokens: int, node: str, prompt_len: int,
                partitioned: bool = False) -> None:
-    """A request that needs more KV than its tenant may ever hold (the whole pool, or its quota) can never
-    run."""
+    """A request needing more KV than its tenant may ever hold (the pool, or its quota) can never run."""
     if num_tokens > pool_tokens:
         whose = "holds at most" if not partitioned else "holds for one tenant (its quota) at most"
         raise Rejected(f"request needs {num_tokens} tokens of KV cache; the {node} node's pool {whose} "
@@ -195,8 +192,8 @@ class FrontDoor(ABC):
 
     # -- the client API ----------------------------------------------------------------------
     def submit(self, request: Request, prompt_ids: list[int] | None = None) -> str:
-        """Admit `request`, or answer it at once (400 with the reason; 500 if checking it raised); its engine
-        id. `prompt_ids`: what `check_at_door` returned, when a server ran the checks on its own threads."""
+        """Admit `request`, or answer it at once (400 with the reason; 500 if checking raised): its engine id.
+        `prompt_ids`: what `check_at_door` returned, when a server ran the checks on its own threads."""
         request_id, tenant, problem = self.book.open(request)
         name = request.request_id if isinstance(request.request_id, str) else None
         try:
@@ -246,8 +243,7 @@ class FrontDoor(ABC):
 
     def generate(self, prompts: list[str], max_tokens: int = 64, tenant: str = "anon",
                  sampling: SamplingParams = SamplingParams()) -> list[Response]:
-        """Submit every prompt and step until each is answered: their responses, in prompt order (others
-        wait)."""
+        """Submit every prompt and step until each is answered: their responses, in prompt order."""
         ids = [self.submit(Request(p, tenant, max_tokens, sampling)) for p in prompts]
         for _ in range(100_000):
             if all(i in self.book.outbox for i in ids):

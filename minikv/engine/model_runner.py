@@ -1,8 +1,6 @@
-"""Runs one batch through the model over a page pool, and picks each request's next token.
-
-The runner changes no sequence (the scheduler's postprocess applies its result); it logs what is
-written and read, and the audit's findings as `cross_read` events. An exception fails the request
-it concerns, never the node: a sampling error that request, a failed forward the batch.
+"""Runs one batch through the model over a page pool, and picks each request's next token. It changes
+no sequence (the scheduler's postprocess does), logs writes, reads and the audit's findings, and turns an
+exception into the failure of the request it concerns, never of the node.
 """
 
 from dataclasses import dataclass

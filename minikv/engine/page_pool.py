@@ -1,9 +1,9 @@
 """The page pool: one KV tensor per node, cut into fixed-size pages, shared by every request.
 
-Freeing a page only puts its number back on the free stack: **the bytes are not zeroed**, so a
-freed page keeps its last owner's K/V until the next owner overwrites them, and isolation between
-tenants rests on this bookkeeping alone. With prefix caching a page may have several holders, and
-a freed page with a cache key is *parked*: free, still matchable. See docs/engine.md.
+Freeing a page only puts its number back on the free stack: **the bytes are not zeroed**, so a freed
+page keeps its last owner's K/V until the next owner overwrites them: isolation rests on bookkeeping
+alone. With prefix caching a page may have several holders, and a freed page with a cache key is
+*parked*: free, still matchable. See docs/engine.md.
 """
 
 import math
@@ -48,10 +48,7 @@ class PagePool:
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  scrub_on_free: bool = False, prefix_caching: bool = False,
                  partition_tenants: int | None = None) -> None:
-        if page_size < 1:
-            raise ValueError(f"page_size must be at least 1 token, got {page_size}")
-        if num_pages < 1:
-            raise ValueError(f"a pool needs at least one page, got num_pages={num_pages}")
+        assert page_size >= 1 and num_pages >= 1, "the configs (EngineConfig, ClusterConfig) check the sizes"
         self.page_size, self.num_pages, self.capacity_tokens = page_size, num_pages, num_pages * page_size
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
         self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
@@ -95,9 +92,8 @@ class PagePool:
         return hits
 
     def can_allocate(self, num_pages: int, cached: list[int] = (), tenant: str | None = None) -> bool:
-        """Whether `num_pages` new pages are there for `tenant` once it holds its `cached` hits. Shared: the
-        stack and anyone's parked pages. Partitioned: its quota, less its pages, plus its own evictable
-        parked."""
+        """Whether `num_pages` new pages are there for `tenant` once it holds its `cached` hits: the stack and
+        anyone's parked pages; partitioned, its quota's room plus its own parked."""
         if self.partition is None:
             parked = self.prefix_cache.evictable(None, cached) if self.prefix_cache else 0
             return num_pages <= len(self.free_pages) + parked
@@ -107,9 +103,8 @@ class PagePool:
 
     def allocate(self, num_pages: int, owner: str, cached: list[int] = (),
                  tenant: str | None = None) -> list[int]:
-        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`. Shared:
-        off the stack, then evicting anyone's parked pages, least recently used first. Partitioned: off the
-        stack while `tenant` is under its quota, then evicting its own. Returns the new pages."""
+        """Hold the `cached` prefix-cache hits (unparking them) and `num_pages` new pages for `owner`: off the
+        stack, then evicting parked pages (LRU first; partitioned, `tenant`'s own at its quota)."""
         if not self.can_allocate(num_pages, cached, tenant):
             raise PoolExhausted(f"{owner} asked for {num_pages} pages, {self.num_free_pages} free")
         for p in cached:
@@ -137,9 +132,8 @@ class PagePool:
         return self.prefix_cache.evict(tenant)  # its own, so it stays attributed to it
 
     def free(self, pages: list[int], owner: str, tenant: str = "") -> None:
-        """Give `owner`'s hold on `pages` back. A page nobody holds any more is parked (still `tenant`'s when
-        partitioned) if it has a cache key, else pushed on the stack. The data stays, unless the pool scrubs
-        on free."""
+        """Give `owner`'s hold on `pages` back. A page nobody holds then is parked if it has a cache key
+        (still `tenant`'s), else pushed on the stack. The data stays, unless the pool scrubs on free."""
         emptied = []
         for p in reversed(pages):
             assert owner in self.holders[p], f"{owner} freed page {p} held by {self.holders[p]}"
@@ -173,19 +167,19 @@ class PagePool:
         ps = self.page_size
         return [block_table[i // ps] * ps + i % ps for i in range(start, end)]
 
-    def flat(self, layer: int) -> tuple[Tensor, Tensor]:
-        """Layer `layer`'s K and V viewed as (num_slots, KVH, D), sharing storage."""
-        k, v = self.kv[layer]  # (P, page, KVH, D) each
-        return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
-
     def flat_all(self) -> tuple[Tensor, Tensor]:
         """K and V of every layer viewed as (L, num_slots, KVH, D), sharing storage."""
         k, v = self.kv[:, 0], self.kv[:, 1]  # (L, P, page, KVH, D) each
         return k.view(k.shape[0], -1, *k.shape[-2:]), v.view(v.shape[0], -1, *v.shape[-2:])
 
+    def flat(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Layer `layer`'s K and V viewed as (num_slots, KVH, D), sharing storage."""
+        k, v = self.flat_all()
+        return k[layer], v[layer]
+
     def check_integrity(self, live: set[str] | None = None) -> None:
-        """Every page is exactly one of: on the stack (no key), parked (a key), held; never twice; and when
-        `live` (the request ids its node still serves) is given, held by live requests only."""
+        """Every page is exactly one of: on the stack (no key), parked (a key), held (by `live` requests only,
+        when given)."""
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)

@@ -1,10 +1,7 @@
-"""One step over a page pool: write K/V into slots, read them back through each request's block table.
-
-Token i of a request sits in slot `block_table[i // page_size] * page_size + i % page_size`. Each
-layer scatters the step's new K/V into their slots, then attends by one of two paths (attention/):
-the **tiles** (the whole batch in one call: every step on a GPU, large decode batches on a CPU) or
-the **gather** (SDPA request by request: a CPU's prefills and small decode batches).
-`paged_attention_reference` is the slow, obvious version the tests hold both to. See docs/engine.md.
+"""One step over a page pool: write K/V into slots, read them back through each request's block table,
+by the **tiles** (the whole batch in one call) or the **gather** (SDPA request by request; a CPU's
+prefills and small decode batches). `paged_attention_reference` is the slow, obvious version the tests
+hold both to. See docs/engine.md.
 """
 
 from dataclasses import dataclass

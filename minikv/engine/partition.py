@@ -1,12 +1,6 @@
-"""A static partition of a pool's pages among tenants (the `cache_partition` switch).
-
-Each tenant may hold at most `quota = num_pages // tenants` pages, counting every page attributed to
-it: the ones its requests hold and its parked ones alike. A tenant under its quota takes a page off
-the common free stack (the quotas add up to at most the pool, so one is always there); at its quota
-it evicts its own least recently used parked page. What a tenant observes of the pool (which of its
-pages survive, when it waits, what `cached_tokens` it reads) is then a function of its own requests.
-Tenants take quota slots as they first appear; one more than the pool is cut for is refused at the
-door (`TenantSlots`). See docs/engine.md.
+"""A static partition of a pool's pages among tenants (the `cache_partition` switch): each tenant
+holds at most `quota = num_pages // tenants` pages, held or parked, and at its quota evicts only its
+own. What a tenant observes of the pool is then a function of its own requests. See docs/engine.md.
 """
 
 from collections import Counter

@@ -1,10 +1,6 @@
-"""The prefix cache: full pages keyed by a hash chained over everything before them.
-
-Page i's key hashes page i-1's key and page i's tokens, so one key stands for the whole prefix
-(vLLM's automatic prefix caching, nano-vllm's block manager); the first page's hash also takes the
-request's salt, so different salts never share a page. This file owns the keys, the index
-`key <-> page` and the parked pages (held by nobody, still matchable, LRU first); the pool owns
-the ref counts. See docs/engine.md.
+"""The prefix cache: full pages keyed by a hash chained over everything before them (and the salt),
+as vLLM's automatic prefix caching. It owns the keys, the index `key <-> page` and the parked pages
+(held by nobody, still matchable, LRU first); the pool owns the ref counts. See docs/engine.md.
 """
 
 import hashlib
@@ -16,7 +12,8 @@ PageKey = bytes  # 16 bytes of BLAKE2b: the page's tokens and every page before 
 
 def cache_salt(tenant: str, request_salt: str | None, per_tenant: bool) -> str | None:
     """The namespace a request's pages are cached in (None: the one shared namespace). With `per_tenant`
-    (the `cache_salt` switch) the tenant always goes in; a request's own salt narrows it further."""
+    (the `cache_salt` switch) the tenant always goes in; a request's own salt narrows it further.
+    Sequence.of, every door's one intake, is its only caller: no path drops the salt (SGLang #37160)."""
     parts = [f"tenant={tenant}"] if per_tenant else []
     parts += [] if request_salt is None else [f"salt={request_salt}"]
     return "\x00".join(parts) if parts else None
@@ -33,13 +30,6 @@ def page_keys(token_ids: Sequence[int], page_size: int, salt: str | None = None)
         parent = h.digest()
         keys.append(parent)
     return keys
-
-
-def request_page_keys(token_ids: Sequence[int], page_size: int, tenant: str, request_salt: str | None,
-                      per_tenant: bool) -> list[PageKey]:
-    """A request's page keys in its namespace: the one place a salt goes into a key (every front door
-    calls it, so no path drops the salt on the way, the bug of SGLang #37160 and LMCache #4825)."""
-    return page_keys(token_ids, page_size, cache_salt(tenant, request_salt, per_tenant))
 
 
 def page_keys_reference(token_ids: Sequence[int], page_size: int, salt: str | None = None) -> list[PageKey]:

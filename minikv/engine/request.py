@@ -1,8 +1,5 @@
-"""A request as a client sends it, the engine's running state for it (a Sequence), and its answer.
-
-The answer is shaped like an HTTP API's reply, because a status code can lie (a 200 with a fluent
-answer can still be wrong): a Response carries everything a monitor could look at. See docs/engine.md.
-"""
+"""A request as a client sends it, the engine's running state for it (a Sequence), and its answer:
+shaped like an HTTP reply, with everything a monitor could look at (a 200 can still be wrong)."""
 
 import itertools
 import time
@@ -13,7 +10,7 @@ from http import HTTPStatus
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from minikv.engine.prefix_cache import request_page_keys
+from minikv.engine.prefix_cache import cache_salt, page_keys
 from minikv.model.sampling import SamplingParams
 from minikv.model.tokenizer import decode
 
@@ -49,11 +46,9 @@ _uids = itertools.count(1)
 
 @dataclass
 class Sequence:
-    """The engine's view of one admitted request: tokens, pages, progress, timings, text so far.
-
-    `status` says where it is on its node, `finish_reason` why it ended (set once; `finished()` reads
-    it), `to_finish` a finish decided but not yet applied (SGLang's `Req.to_finish`): until a queue gate
-    reads it, the request looks alive. That gap is the incident (disagg/prefill_node.py).
+    """The engine's view of one admitted request: tokens, pages, progress, timings, text so far. `to_finish`
+    is a finish decided, not yet applied (SGLang's `Req.to_finish`): until a queue gate reads it, the request
+    looks alive, `finished()` reading `finish_reason` only. That gap is the incident (disagg/prefill_node.py).
     """
 
     request_id: str  # the engine's id
@@ -96,21 +91,20 @@ class Sequence:
         name = request.request_id if isinstance(request.request_id, str) else None
         seq = cls(request_id, request.tenant, list(prompt_ids), request.max_tokens, request.sampling,
                   time.perf_counter(), client_request_id=name, stop=tuple(request.stop), **fields)
-        if page_keying is not None:
-            seq.cache_keys = request_page_keys(prompt_ids, page_keying[0], seq.tenant, request.cache_salt,
-                                               page_keying[1])
+        if page_keying is not None:  # the one place a salt goes into a key
+            page_size, per_tenant = page_keying
+            salt = cache_salt(seq.tenant, request.cache_salt, per_tenant)
+            seq.cache_keys = page_keys(prompt_ids, page_size, salt)
         return seq
 
     @classmethod
     def text_view(cls, request: Request, prompt_ids: list[int]) -> "Sequence":
-        """A copy that only turns ids into text (a server's HTTP side, streaming): the prompt's tail and the
-        stop strings, no sampler, no pages. Append output ids, read `visible_text`: what the engine's answer
-        will say, cut where the engine cuts it."""
+        """A copy that only turns ids into text (a server's HTTP side, streaming): append output ids, read
+        `visible_text`, cut where the engine's answer will cut it."""
         return cls("-", "-", list(prompt_ids), 0, SamplingParams(), 0.0, uid=0, stop=tuple(request.stop))
 
     def copy_for_node(self) -> "Sequence":
-        """Another node's own copy (as separate servers each keep one): same identity, own lists and
-        sampler."""
+        """Another node's own copy (as separate servers keep one): same identity, own lists and sampler."""
         return Sequence(self.request_id, self.tenant, list(self.prompt_ids), self.max_tokens, self.sampling,
                         self.arrival_s, uid=self.uid, client_request_id=self.client_request_id,
                         stop=self.stop, cache_keys=list(self.cache_keys), room=self.room)
@@ -121,8 +115,7 @@ class Sequence:
         return Finished(self, status, reason)
 
     def finished(self) -> bool:
-        """Whether the request has ended. Reads finish_reason only, never to_finish (as SGLang's
-        `Req.finished()`)."""
+        """Whether the request has ended: finish_reason only, never to_finish (SGLang's `Req.finished()`)."""
         return self.finish_reason is not None
 
     def tokens(self, start: int, end: int | None = None) -> list[int]:
@@ -207,8 +200,8 @@ class Finished:
 
 def to_response(seq: Sequence, status: int, error: str | None,
                 tokenizer: PreTrainedTokenizerBase) -> Response:
-    """The one way a Sequence becomes a Response: a 200 carries the text and usage; anything else
-    no text and no generated tokens (the client received none). A node's 400 refuses a prompt too long."""
+    """The one way a Sequence becomes a Response: a 200 carries the text and usage, anything else neither
+    (the client received none). A node's 400 refuses a prompt too long."""
     if status != HTTPStatus.OK:
         too_long = (CONTEXT_LENGTH_EXCEEDED, "prompt") if status == HTTPStatus.BAD_REQUEST else (None, None)
         return error_response(seq.request_id, seq.tenant, status, error or "", len(seq.prompt_ids),
@@ -221,8 +214,7 @@ def to_response(seq: Sequence, status: int, error: str | None,
 def error_response(request_id: str, tenant: str, status: int, reason: str, prompt_tokens: int = 0,
                    client_request_id: str | None = None, code: str | None = None,
                    param: str | None = None) -> Response:
-    """An answer with no text: 400 refused (the reason names the numbers; `code` and `param` as
-    OpenAI's), 499, 500, 503."""
+    """An answer with no text: 400 (its reason names the numbers; OpenAI's `code`, `param`), 499, 500, 503."""
     return Response(request_id, tenant, status, usage=Usage(prompt_tokens, 0), error=reason,
                     finish_reason="abort", client_request_id=client_request_id, error_code=code,
                     error_param=param)

@@ -1,13 +1,10 @@
 """Continuous batching: who runs in the next step, where their pages come from, and what each
 step's outcome does to every request (`postprocess`, the one owner of a request's step).
 
-Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every
-running request). Waiting requests are admitted fairly across tenants, the least served tenant's first
-(fairness.py); with chunked prefill, a tenant with nothing running (a newcomer) is prefilled in the very
-next step, alone. A request is admitted only when the pool has pages for its whole length; one that needs
-a page to decode and finds none preempts the newest (of its own tenant in a partitioned pool), which is
-recomputed later.
-The disaggregated nodes hand their batches to the same scheduler (as SGLang's mixins do). See docs/engine.md.
+Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every running
+request). Waiting requests are admitted fairly across tenants (fairness.py), each only when the pool has
+pages for its whole length; a decode that finds no page preempts the newest request (its own tenant's when
+partitioned), recomputed later. The disaggregated nodes use the same scheduler. See docs/engine.md.
 """
 
 import time
@@ -62,9 +59,8 @@ class Scheduler:
 
     # -- the decision --------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
-        """The newcomers' prompts, alone, if any fit; else prefill waiting requests if any fit, else decode
-        every running one. With chunked prefill a decode step follows each prefill step while requests decode
-        (a long prompt delays them a chunk at a time); a newcomer's step does not wait for that turn."""
+        """The newcomers' prompts alone if any fit; else waiting prompts if any fit, else decode every running
+        request. With chunked prefill a decode step follows each prefill step, except for a newcomer's."""
         batch = self._prefill(None, self.newcomers())
         if batch is None:
             decode_turn = self.chunked_prefill and self.last_phase == "prefill"
@@ -76,28 +72,24 @@ class Scheduler:
         return batch
 
     def newcomers(self) -> set[str]:
-        """With chunked prefill, the tenants with a request waiting and none running: they have just arrived
-        (or were preempted). Without, none: whole prompts trade latency for throughput, every step a full
-        budget (a newcomer's prompt goes in the next step anyway, beside the others' prompts)."""
+        """With chunked prefill, the tenants with a request waiting and none running (just arrived, or
+        preempted). Without, none: a newcomer's whole prompt goes in the next step anyway, beside others'."""
         if not self.chunked_prefill:
             return set()
         busy = {s.tenant for s in self.running}
         return {s.tenant for s in self.waiting if s.tenant not in busy}
 
     def schedule_prefill(self, gate: Callable[[Sequence], bool] | None = None) -> ScheduledBatch | None:
-        """A step of the newcomers' prompts alone if any fit, else of everyone's (`_prefill`). A newcomer's
-        first token then costs the step in progress and a step of its own prompt, not one the budget fills
-        with other tenants' prompts (2.5 ms, not 17, beside a 32-client flood: docs/serve.md, "Fairness")."""
+        """A step of the newcomers' prompts alone if any fit, else of everyone's: a newcomer's first token
+        does not wait for a step filled with others' prompts (2.5 ms, not 17: docs/serve.md, "Fairness")."""
         return self._prefill(gate, self.newcomers()) or self._prefill(gate, None)
 
     def _prefill(self, gate: Callable[[Sequence], bool] | None,
                  only: set[str] | None) -> ScheduledBatch | None:
-        """Spend the token budget on the least served tenant's work first (its oldest; only the tenants in
-        `only`, unless None): a chunked prefill going on, or a waiting request admitted while pages and batch
-        slots last (it joins `running` with pages for every token). A waiting request next in line that does
-        not fit ends admission for this step, so that no other tenant's overtakes it (in a partitioned pool a
-        full quota holds back only its own tenant's). `gate(seq)` (the prefill node's) may stop one, which
-        retires itself."""
+        """Spend the token budget on the least served tenant's work first (of the tenants in `only`, unless
+        None): a chunked prefill going on, or a waiting request admitted with pages for every token. One next
+        in line that does not fit ends admission (a full quota: only its tenant's), so none overtakes it.
+        `gate(seq)` (the prefill node's) may stop a request, which retires itself."""
         seqs, new_tokens, budget, admitting = [], [], self.max_prefill_tokens, True
         ps, waits = self.pool.page_size, set()  # tenants whose next request found its quota full
 
@@ -170,11 +162,10 @@ class Scheduler:
         batch = [s for s in self.running if not prefilling(s)]
         return ScheduledBatch("decode", batch, [s.tokens(s.seq_len - 1) for s in batch]) if batch else None
 
-
     # -- after the forward -------------------------------------------------------------------
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:
-        """After a prefill forward: name each served request's full prompt pages (their K/V are now
-        in the pool) in the prefix cache, before a request that finishes frees them."""
+        """After a prefill forward: name each served request's full prompt pages in the prefix cache (their
+        K/V are now in the pool), before a request that finishes frees them."""
         if (cache := self.pool.prefix_cache) is None or batch.phase != "prefill":
             return
         for seq, tokens, choice in zip(batch.seqs, batch.new_tokens, sampled, strict=True):
@@ -182,8 +173,8 @@ class Scheduler:
                 cache.cache_pages(seq.cache_keys, seq.block_table, seq.num_cached + len(tokens))
 
     def postprocess(self, seqs: list[Sequence], sampled: list[Sampled], num_new: list[int]) -> list[Finished]:
-        """Apply one step's outcome to each of `seqs`: `sampled`, the runner's choice (a token, or why none
-        could be chosen), once `num_new` tokens' K/V are in the pool. Returns the requests that ended."""
+        """Apply one step's outcome to each of `seqs` once `num_new` tokens' K/V are in the pool: `sampled`,
+        the runner's choice (a token, or why none). Returns the requests that ended."""
         now, ended = time.perf_counter(), []
         for seq, choice, n in zip(seqs, sampled, num_new, strict=True):
             if choice.error is not None:  # that request fails alone (500); the batch goes on

@@ -144,8 +144,7 @@ def quiet_transformers() -> Iterator[None]:
 
 
 def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> LlamaForCausalLM:
-    """transformers' LlamaForCausalLM from `path`, refused in one line unless every tensor matches
-    config.json (from transformers' loading report)."""
+    """transformers' LlamaForCausalLM from `path`, refused in one line unless it matches config.json."""
     hf, info = load_or_refuse(f"cannot load weights from {path}", lambda: LlamaForCausalLM.from_pretrained(
         path, dtype=dtype, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True))
     missing, unexpected, mismatched = info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"]
@@ -170,8 +169,7 @@ def load_hf_weights(path: Path, hf_config: LlamaConfig, dtype: torch.dtype) -> L
 
 
 def load_tokenizer_of(path: str | Path | None = None) -> PreTrainedTokenizerBase:
-    """A checkpoint's tokenizer alone, checked as `load_model` checks it (a server's HTTP side: no
-    weights)."""
+    """A checkpoint's tokenizer alone, checked as `load_model` checks it (a server's HTTP side)."""
     path = Path(path) if path is not None else default_model_dir()
     with quiet_transformers():
         return load_tokenizer(path, load_hf_config(path))
@@ -241,8 +239,7 @@ def to_hf_model(model: Llama, tokenizer: PreTrainedTokenizerBase) -> LlamaForCau
 
 
 def save_checkpoint(model: Llama, tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path:
-    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM (the
-    generation config takes eos and pad from hf_config_for's)."""
+    """Write `model` and `tokenizer` with save_pretrained, loadable by AutoModelForCausalLM."""
     to_hf_model(model.cpu(), tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return Path(path)

@@ -1,14 +1,10 @@
 """A Llama-family decoder whose attention reads and writes a cache the caller passes in.
 
-RMSNorm, rotary position embeddings (RoPE), grouped-query attention and a SwiGLU MLP, named as in
-`transformers`' `LlamaForCausalLM`, so a local Llama checkpoint loads into it (checkpoint.py) and
-its logits can be compared with the original. Three things differ from the usual one-file GPT:
-- positions are an input, one per token: in a paged engine a token's position belongs to its
-  request, not to where it sits in the batch;
-- keys and values go to an `AttentionBackend` (attention/dense.py), so one forward runs over a
-  contiguous cache (contiguous_cache.py), a shared page pool (engine/paged_step.py) or no cache;
-- Q, K and V come out of one matrix (`qkv_proj`), the MLP's gate and up out of another
-  (`gate_up_proj`), as vLLM and nano-vllm pack them: one larger matmul instead of three or two.
+Named as transformers' `LlamaForCausalLM`, so a local checkpoint loads into it (checkpoint.py). Unlike
+the usual one-file GPT:
+- positions are an input: in a paged engine a token's position belongs to its request, not its batch row;
+- K and V go to an `AttentionBackend` (attention/dense.py): a contiguous cache, a page pool, or none;
+- Q, K, V come out of one matmul (`qkv_proj`), the MLP's gate and up out of another, as vLLM packs them.
 """
 
 from dataclasses import dataclass
@@ -84,10 +80,8 @@ class Rotary(nn.Module):
 
     @staticmethod
     def rotate(x: Tensor, cos_sin: tuple[Tensor, Tensor]) -> Tensor:
-        """x (..., heads, D) rotated by the angles of its positions: with halves (x1, x2),
-        (x1 cos - x2 sin, x2 cos + x1 sin), as x * cos and then each half's product with the other
-        in place: one new tensor where transformers' x * cos + rotate_half(x) * sin makes four,
-        the same bits (rope_reference, tested)."""
+        """x (..., heads, D) rotated by its positions' angles: halves (x1, x2) become (x1 cos - x2 sin,
+        x2 cos + x1 sin), in place in x * cos: one new tensor where rope_reference makes four, same bits."""
         cos, sin = cos_sin
         half = x.shape[-1] // 2
         out = x * cos  # (..., heads, D)
@@ -181,14 +175,9 @@ class Llama(nn.Module):
                 logits_index: Tensor | None = None, last_layer_on_logits_only: bool = False) -> Tensor:
         """Logits (..., vocab_size) in float32 of the new tokens; the backend `kv` keeps their K/V.
 
-        Args:
-            input_ids: (N,) a flat batch of new tokens, or (B, T) for dense attention.
-            positions: same shape: each token's position in its own request.
-            logits_index: optional (M,) rows whose logits are needed (each request's last token).
-            last_layer_on_logits_only: the last layer stores every token's K/V but computes the
-                rest only for the `logits_index` rows, the only ones read (the backend must take
-                `last_only`, as PagedStep does; tests/test_model.py checks both give the same logits).
-        """
+        input_ids (N,) flat or (B, T) dense, positions alike (each token's in its own request); logits_index
+        (M,): the rows whose logits are needed. With `last_layer_on_logits_only` the last layer computes only
+        those rows after storing every K/V (the backend takes `last_only`; test_model checks it agrees)."""
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")
         assert logits_index is not None or not last_layer_on_logits_only, "which rows? give logits_index"

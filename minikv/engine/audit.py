@@ -83,8 +83,8 @@ class OwnershipAudit:
     def forget(self, pages: list[int]) -> None:
         """`pages` were scrubbed (zeroed): their slots now hold what nobody wrote."""
         for page in pages:
-            self.writers[page * self.page_size:(page + 1) * self.page_size] = NEVER_WRITTEN
-            self.positions[page * self.page_size:(page + 1) * self.page_size] = UNKNOWN_POSITION
+            span = slice(page * self.page_size, (page + 1) * self.page_size)
+            self.writers[span], self.positions[span] = NEVER_WRITTEN, UNKNOWN_POSITION
 
     def check_reads(self, reader_uids: Tensor, gather: Tensor, valid: Tensor) -> list[CrossReadEvent]:
         """reader_uids (B,), gather (B, S) slots each reader attends over, valid (B, S). Every read is checked
@@ -107,7 +107,6 @@ class OwnershipAudit:
                  at_own_position: Tensor) -> list[CrossReadEvent]:
         """One reader's foreign reads (S,), victim by victim among those in `new`: a shared read of a cached
         prefix is granted (not checked in Python again), anything else is a finding."""
-        reader_id, reader_tenant = self.names[reader_uid]
         found = []
         for victim_uid in sorted(set(writers[new].tolist()), key=lambda u: (u == NEVER_WRITTEN, u)):
             sel = foreign & (writers == victim_uid)  # (S,) every read of this victim's slots, granted or not
@@ -116,15 +115,14 @@ class OwnershipAudit:
                     and self._same_prefix(reader_uid, victim_uid, last):
                 self._grant(reader_uid, victim_uid, sel.nonzero().flatten())
                 continue  # a legitimate read of a cached prefix: the reader sent these tokens too
-            slots = gather[sel]
-            victim = self.names.get(victim_uid)
-            found.append(CrossReadEvent(
-                reader=reader_id, reader_tenant=reader_tenant,
-                victim=victim[0] if victim else None, victim_tenant=victim[1] if victim else None,
-                pages=tuple(sorted(set((slots // self.page_size).tolist()))),
-                num_slots=int(sel.sum()), node=self.node,
-            ))
+            found.append(self.finding(reader_uid, victim_uid, gather[sel].tolist()))
         return found
+
+    def finding(self, reader: int, writer: int, slots: list[int]) -> CrossReadEvent:
+        """The event for `reader`'s reads of `slots` that `writer` wrote (NEVER_WRITTEN: nobody)."""
+        victim, victim_tenant = self.names.get(writer, (None, None))
+        pages = tuple(sorted({slot // self.page_size for slot in slots}))
+        return CrossReadEvent(*self.names[reader], victim, victim_tenant, pages, len(slots), self.node)
 
     def _granted(self, reader_uids: list[int], width: int) -> Tensor:
         """(B, width): the writer each reader may read at each key position (a shared prefix), or NO_GRANT."""
@@ -184,10 +182,5 @@ def check_reads_reference(audit: OwnershipAudit, reader_uids: Tensor, gather: Te
                     and all(mine[i] == theirs[i] for i in range(max(keys) + 1)):
                 shared.add((reader, writer))
                 continue
-            victim = audit.names.get(writer)
-            found.append(CrossReadEvent(
-                reader=audit.names[reader][0], reader_tenant=audit.names[reader][1],
-                victim=victim[0] if victim else None, victim_tenant=victim[1] if victim else None,
-                pages=tuple(sorted({slot // audit.page_size for _, slot in foreign[writer]})),
-                num_slots=len(keys), node=audit.node))
+            found.append(audit.finding(reader, writer, [slot for _, slot in foreign[writer]]))
     return found, shared

@@ -27,7 +27,7 @@ class PoolTooLarge(ValueError):
 
 
 def allocate_pool(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
-    """An uninitialised tensor of `shape`, or PoolTooLarge naming the bytes needed and the bytes free."""
+    """A zeroed tensor of `shape`, or PoolTooLarge naming the bytes needed and the bytes free."""
     need = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     free = available_memory_bytes(device)
     available = f"{free:,}" if free is not None else "fewer"
@@ -36,7 +36,7 @@ def allocate_pool(shape: tuple[int, ...], device: torch.device, dtype: torch.dty
     if free is not None and need > free:
         raise too_large
     try:
-        return torch.empty(shape, device=device, dtype=dtype)
+        return torch.zeros(shape, device=device, dtype=dtype)  # once, at boot: runs are reproducible
     except (torch.OutOfMemoryError, RuntimeError):  # the allocator refused although the check passed
         raise too_large from None
 
@@ -52,13 +52,10 @@ class PagePool:
         self.page_size, self.num_pages, self.capacity_tokens = page_size, num_pages, num_pages * page_size
         shape = (config.num_layers, 2, num_pages, page_size, config.num_kv_heads, config.head_dim)
         self.kv = allocate_pool(shape, torch.device(device), dtype)  # (L, 2, P, page, KVH, D)
-        # once, at boot, so runs are reproducible; freeing never clears it (unless scrub_on_free)
-        self.kv.zero_()
-        self.scrub_on_free = scrub_on_free
+        self.scrub_on_free = scrub_on_free  # zero a freed page (off: it keeps its data until overwritten)
         self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
-        self.num_held = 0  # pages with at least one holder
         self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
         self.partition = Partition(num_pages, partition_tenants) if partition_tenants else None
         # the most tokens one tenant's requests can ever hold at once: its quota's, or the whole pool's
@@ -73,6 +70,11 @@ class PagePool:
     def num_free_pages(self) -> int:
         """Pages allocate() can hand out: the stack, and cached pages nobody holds (evictable)."""
         return len(self.free_pages) + (self.prefix_cache.num_parked if self.prefix_cache else 0)
+
+    @property
+    def num_held(self) -> int:
+        """Pages with at least one holder."""
+        return sum(1 for h in self.holders if h)
 
     def ref_count(self, page: int) -> int:
         return len(self.holders[page])
@@ -111,13 +113,11 @@ class PagePool:
             assert self.prefix_cache is not None and self.prefix_cache.is_cached(p), f"page {p} is not cached"
             if not self.holders[p]:
                 self.prefix_cache.unpark(p)
-                self.num_held += 1
             self.holders[p].append(owner)
         pages = [self._new_page(tenant) for _ in range(num_pages)]
         for p in pages:
             assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
             self.holders[p].append(owner)
-        self.num_held += len(pages)
         return pages
 
     def _new_page(self, tenant: str | None) -> int:
@@ -141,7 +141,6 @@ class PagePool:
             if self.holders[p]:
                 continue  # still shared: the others keep reading it
             emptied.append(p)
-            self.num_held -= 1
             assert not self.partition or self.partition.tenant_of[p] == tenant, f"page {p}: not {tenant!r}'s"
             if self.prefix_cache is not None and self.scrub_on_free:
                 self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
@@ -183,7 +182,6 @@ class PagePool:
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)
-        assert self.num_held == sum(1 for h in self.holders if h), "the held count drifted"
         for p in range(self.num_pages):
             held = bool(self.holders[p])
             assert len(set(self.holders[p])) == len(self.holders[p]), f"page {p} held twice by one request"

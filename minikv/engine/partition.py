@@ -17,17 +17,15 @@ class TenantSlots:
     """The door's map of tenants to quota slots, taken in the order tenants first appear, never given back."""
 
     def __init__(self, tenants: int) -> None:
-        assert tenants >= 1
         self.tenants = tenants
-        self.slot_of: dict[str, int] = {}
+        self.taken: set[str] = set()  # tenants holding a slot
 
     def take(self, tenant: str) -> str | None:
         """Give `tenant` a slot if it is new; why it is refused if every slot is another's, else None."""
-        if tenant not in self.slot_of:
-            if len(self.slot_of) >= self.tenants:
-                return (f"tenant {tenant!r} refused: the KV cache is partitioned for {self.tenants} "
-                        f"tenant(s), every one of them taken")
-            self.slot_of[tenant] = len(self.slot_of)
+        if tenant not in self.taken and len(self.taken) >= self.tenants:
+            return (f"tenant {tenant!r} refused: the KV cache is partitioned for {self.tenants} "
+                    f"tenant(s), every one of them taken")
+        self.taken.add(tenant)
         return None
 
 

@@ -54,8 +54,7 @@ class PrefixCache:
         // page_size, since the last token is always computed (its logits choose the next token)."""
         pages = []
         for key in keys[: (num_tokens - 1) // self.page_size]:
-            page = self.page_of.get(key)
-            if page is None:
+            if (page := self.page_of.get(key)) is None:
                 break
             pages.append(page)
         return pages

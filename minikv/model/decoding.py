@@ -1,8 +1,5 @@
-"""Greedy decoding for one request, with and without a KV cache (notebook 01's comparison).
-
-Without a cache step t re-runs all t tokens; with one it runs one token and reads t cached keys and
-values. Both must produce the same tokens; only the cost differs.
-"""
+"""Greedy decoding for one request, with and without a KV cache (notebook 01's comparison): without, step
+t re-runs all t tokens; with, it runs one and reads t cached keys and values. The tokens are the same."""
 
 import torch
 

@@ -1,8 +1,5 @@
-"""Which device runs the engine, and how much memory it has free: the one place a device name is read.
-
-`--device`, `load_model(device=...)` and `ClusterConfig.devices` all go through `pick_device`, so a
-device this machine lacks or one that cannot hold data ("meta") is refused before anything loads.
-"""
+"""Which device runs the engine, and how much memory it has free: the one place a device name is read, so
+a device this machine lacks or one that holds no data ("meta") is refused before anything loads."""
 
 import torch
 

@@ -1,9 +1,6 @@
-"""The shipped model's character-level tokenizer, and the checks every prompt goes through.
-
-One token per character, so a leaked secret reads back exactly and a learner counts tokens by
-counting letters. Id 0 is the newline that ends every prompt: the placeholder `[0]` that the real
-engine swapped in for a rejected prompt is here a lone "end of prompt", answered like any prompt.
-A `tokenizers` WordLevel model in `PreTrainedTokenizerFast`: `AutoTokenizer` loads it without minikv.
+"""The shipped model's character-level tokenizer, and the checks every prompt goes through. One token per
+character, so a leaked secret reads back exactly; id 0 is the newline that ends every prompt, so the
+incident's placeholder `[0]` is here a lone "end of prompt". `AutoTokenizer` loads it without minikv.
 """
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -28,9 +25,8 @@ class PromptError(ValueError):
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of `text` read as plain characters: "</s>" in the text is 4 characters, never EOS.
-    `split_special_tokens=True` keeps a prompt from smuggling a control token (end of sequence,
-    padding) into the serving layer; every path that encodes prompt text goes through here."""
+    """Token ids of `text` read as plain characters ("</s>" is 4 characters, never EOS): every path that
+    encodes prompt text goes through here, so no prompt smuggles in a control token."""
     return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
 

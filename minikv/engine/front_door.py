@@ -55,12 +55,11 @@ def check_shape(request: Request) -> None:
 
 
 def check_at_door(request: Request, tokenizer: PreTrainedTokenizerBase, context_len: int,
-                  chars_per_token: int | None = None) -> list[int]:
+                  chars_per_token: int) -> list[int]:
     """What every front door checks, cheapest first (the shape, then the window): the prompt's ids."""
     check_shape(request)
     text = request.prompt
-    if (chars_per_token is not None and isinstance(text, str)
-            and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token):
+    if isinstance(text, str) and len(text) > UNTOKENIZED_FACTOR * context_len * chars_per_token:
         at_least = -(-len(text) // chars_per_token)
         raise Rejected(f"prompt has at least {at_least} tokens ({len(text)} characters); the context window "
                        f"is {context_len} tokens (prompt + output)", "prompt", at_least)

@@ -1,9 +1,6 @@
-"""The ownership audit: a ledger of who wrote every slot, checked on every attention read.
-
-Freed pages keep their data, so a read of a slot someone else wrote is an event naming reader, victim and
-pages; except a **shared read** of a prefix-cache page whose writer sent the same prompt up to there
-(`cross_tenant_cache_hits` when tenants differ). Reads are checked with tensor operations against writer
-ids and the reader's grants; Python runs only on what neither explains (a confirmed shared read: a grant).
+"""The ownership audit: a ledger of who wrote every slot, checked on every attention read. A read of a slot
+someone else wrote is a finding, unless it is a **shared read** of a prefix-cache page whose writer sent
+the same prompt up to there. Python runs only on reads the tensor check cannot explain. See docs/engine.md.
 """
 
 from dataclasses import dataclass

@@ -41,20 +41,13 @@ class EngineConfig(CacheSwitches):
     cache_tenants: int = 4  # tenants the partition is cut for: each one's quota is num_pages // cache_tenants
 
     def __post_init__(self) -> None:
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is None and self.kv_memory_bytes is None:
             raise ValueError("give the pool a size: num_pages or kv_memory_bytes")
-        if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError(f"num_pages must be >= 1 (an empty pool holds nothing), got {self.num_pages}")
-        if self.kv_memory_bytes is not None and self.kv_memory_bytes <= 0:
-            raise ValueError(f"kv_memory_bytes must be positive, got {self.kv_memory_bytes}")
-        if self.context_len < 2:
-            raise ValueError(f"context_len must be >= 2 tokens, got {self.context_len}")
-        if self.event_log_limit is not None and self.event_log_limit < 1:
-            raise ValueError(f"event_log_limit must be a positive number or None, got {self.event_log_limit}")
-        if self.max_batch_size < 1 or self.max_prefill_tokens < 1 or self.cache_tenants < 1:
-            raise ValueError("max_batch_size, max_prefill_tokens and cache_tenants must be >= 1")
+        least = {"page_size": 1, "num_pages": 1, "kv_memory_bytes": 1, "context_len": 2, "event_log_limit": 1,
+                 "max_batch_size": 1, "max_prefill_tokens": 1, "cache_tenants": 1}  # None: not set
+        for name, low in least.items():
+            if (value := getattr(self, name)) is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
 
     def pool_pages(self, model: ModelConfig) -> int:
         """Pages in the pool: as given, or as many as the memory budget holds."""

@@ -56,6 +56,7 @@ class PagePool:
         self.on_scrub: Callable[[list[int]], None] | None = None  # told which pages were just zeroed
         self.free_pages: list[int] = list(reversed(range(num_pages)))  # stack: pop() -> page 0 first
         self.holders: list[list[str]] = [[] for _ in range(num_pages)]  # request ids holding each page
+        self.num_held = 0  # pages with at least one holder
         self.prefix_cache = PrefixCache(page_size) if prefix_caching else None
         self.partition = Partition(num_pages, partition_tenants) if partition_tenants else None
         # the most tokens one tenant's requests can ever hold at once: its quota's, or the whole pool's
@@ -70,11 +71,6 @@ class PagePool:
     def num_free_pages(self) -> int:
         """Pages allocate() can hand out: the stack, and cached pages nobody holds (evictable)."""
         return len(self.free_pages) + (self.prefix_cache.num_parked if self.prefix_cache else 0)
-
-    @property
-    def num_held(self) -> int:
-        """Pages with at least one holder."""
-        return sum(1 for h in self.holders if h)
 
     def ref_count(self, page: int) -> int:
         return len(self.holders[page])
@@ -113,11 +109,13 @@ class PagePool:
             assert self.prefix_cache is not None and self.prefix_cache.is_cached(p), f"page {p} is not cached"
             if not self.holders[p]:
                 self.prefix_cache.unpark(p)
+                self.num_held += 1
             self.holders[p].append(owner)
         pages = [self._new_page(tenant) for _ in range(num_pages)]
         for p in pages:
             assert not self.holders[p], f"page {p} handed out while held by {self.holders[p]}"
             self.holders[p].append(owner)
+        self.num_held += len(pages)
         return pages
 
     def _new_page(self, tenant: str | None) -> int:
@@ -141,6 +139,7 @@ class PagePool:
             if self.holders[p]:
                 continue  # still shared: the others keep reading it
             emptied.append(p)
+            self.num_held -= 1
             assert not self.partition or self.partition.tenant_of[p] == tenant, f"page {p}: not {tenant!r}'s"
             if self.prefix_cache is not None and self.scrub_on_free:
                 self.prefix_cache.forget(p)  # scrubbed data no longer matches its key
@@ -182,6 +181,7 @@ class PagePool:
         assert len(set(self.free_pages)) == len(self.free_pages), "a page is on the free list twice"
         parked = set(self.prefix_cache.parked) if self.prefix_cache else set()
         on_stack = set(self.free_pages)
+        assert self.num_held == sum(1 for h in self.holders if h), "the held count drifted"
         for p in range(self.num_pages):
             held = bool(self.holders[p])
             assert len(set(self.holders[p])) == len(self.holders[p]), f"page {p} held twice by one request"

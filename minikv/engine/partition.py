@@ -14,7 +14,7 @@ def quota_pages(pages: int, context_len: int, page_size: int, tenants: int) -> i
 
 
 class TenantSlots:
-    """The door's map of tenants to quota slots, taken in the order tenants first appear, never given back."""
+    """The door's quota slots: taken by tenants in the order they first appear, never given back."""
 
     def __init__(self, tenants: int) -> None:
         self.tenants = tenants

@@ -1,13 +1,5 @@
-"""Does one tenant's flood starve another? Tenant B's time to first token alone, and beside tenant A's
-32 clients looping long prompts, on running `minikv serve` servers, in interleaved rounds (docs/serve.md).
-
-Each server is started with both keys (`--api-key a=sk-fair-a --api-key b=sk-fair-b`). Each round
-visits every server in turn, B alone and B beside the flood, and every other round runs both orders
-reversed; so slow drift of the machine's load falls on every server and phase alike. B sends one short
-streamed request at a time; A's clients loop 900-character prompts, each distinct from its first page,
-so that the prefix cache saves A nothing. A's clients run in a process of their own, as another user's
-would: B's timer never waits for the interpreter to finish handling A's replies.
-"""
+"""Does one tenant's flood starve another? Tenant B's time to first token alone and beside tenant A's 32
+looping clients (a process of their own), on running `minikv serve` servers (docs/serve.md, "Fairness")."""
 
 import asyncio
 import json
@@ -157,9 +149,10 @@ def summary(phases: list[Phase]) -> dict[str, dict]:
 
 def fairness_figure(stats: dict[str, dict]):
     """B's median time to first token (p90 whisker) alone and beside A's flood, per server, log scale."""
-    from minikv.bench.plot import pyplot
+    from matplotlib.figure import Figure
 
-    fig, ax = pyplot().subplots(figsize=(6.4, 3.6), layout="tight")
+    fig = Figure(figsize=(6.4, 3.6), layout="tight")
+    ax = fig.subplots()
     names, width = list(stats), 0.38
     for k, (label, colour) in enumerate((("alone", "#9e9e9e"), ("flood", "#d62728"))):
         med = [stats[n][label]["median_ms"] for n in names]

@@ -1,8 +1,5 @@
-"""What the static partition (`cache_partition`) costs against the shared pool, both salted per tenant, on a pool
-of one context window per tenant (as `minikv serve` cuts its 256 pages for four keys): what one tenant can hold
-while the others are idle (tokens; requests running at once), and, on a workload with one system prompt per
-tenant and one busy tenant, the prefix-cache hit rate and tokens/s in paired, interleaved rounds
-(`python -m minikv bench --partition`; docs/benchmarks.md, "What the partition costs")."""
+"""What the static partition (`cache_partition`) costs against the shared pool, both salted per tenant: what
+one tenant can hold, the hit rate and tokens/s in paired rounds (`bench --partition`, docs/benchmarks.md)."""
 
 import json
 import random

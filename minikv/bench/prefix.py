@@ -1,8 +1,5 @@
-"""The shared-prefix benchmark: many requests behind two long system prompts, served in three MODES.
-
-`off`: no prefix caching; `shared`: every tenant reuses the prompt's pages; `cache_salt`: only its own
-(docs/benchmarks.md, "Shared prefixes"). All three must return the same completions before any time counts.
-"""
+"""The shared-prefix benchmark: requests behind two long system prompts, served in three MODES (caching off,
+shared, `cache_salt`) that must return the same completions before any time counts (docs/benchmarks.md)."""
 
 import random
 import statistics

@@ -47,6 +47,17 @@ class Floor:
                 "bandwidth_gb_s": self.bandwidth / 1e9}
 
 
+def synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """`fn`, then a wait for the GPU to finish it (a GPU returns before the work is done)."""
+    def run() -> object:
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
 def linear_layers_only(model: Llama, num_tokens: int) -> Callable[[], object]:
     """A step's matmuls and nothing else, on `num_tokens` rows: every linear layer, and the output projection."""
     weights = [m.weight for layer in model.layers
@@ -54,14 +65,7 @@ def linear_layers_only(model: Llama, num_tokens: int) -> Callable[[], object]:
     weights.append(model.lm_head.weight)
     x = {w.shape[1]: torch.randn(num_tokens, w.shape[1], device=model.device, dtype=model.dtype)
          for w in weights}  # one input per width: (num_tokens, in)
-
-    def run() -> object:
-        out = [F.linear(x[w.shape[1]], w) for w in weights]
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)  # a GPU returns before the work is done
-        return out
-
-    return run
+    return synced(lambda: [F.linear(x[w.shape[1]], w) for w in weights], model.device)
 
 
 def scattered_pool(model: Llama, lens: list[int], page_size: int) -> tuple[PagePool, list[list[int]]]:
@@ -113,14 +117,7 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
 def read_bandwidth(device: torch.device) -> tuple[Callable[[], object], int]:
     """A sum over a tensor far larger than any cache, and the bytes it reads."""
     x = torch.ones(BANDWIDTH_BYTES // 4, device=device)  # float32
-
-    def run() -> object:
-        total = x.sum()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return total
-
-    return run, x.nbytes
+    return synced(x.sum, device), x.nbytes
 
 
 def decode_bytes(model: Llama, lens: list[int]) -> int:

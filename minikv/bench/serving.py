@@ -1,7 +1,5 @@
-"""`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests.
-
-Texts are checked once, then paired rounds are timed (docs/benchmarks.md says how and what each figure means).
-"""
+"""`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests: texts
+checked once, then paired rounds timed (docs/benchmarks.md)."""
 
 import argparse
 import asyncio
@@ -13,6 +11,7 @@ import time
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 
 import httpx
 import openai
@@ -170,8 +169,7 @@ def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], 
     return report
 
 
-def to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+to_stderr = partial(print, file=sys.stderr, flush=True)
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
@@ -222,10 +220,11 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 def serving_figure(report: ServingReport):
     """Tokens/s and TTFT p99 against concurrent clients, one line per server; the ratio with its range."""
-    from minikv.bench.plot import pyplot
+    from matplotlib.figure import Figure
 
     ratios = report.to_json()["ratios"]
-    fig, axes = pyplot().subplots(1, 3 if ratios else 2, figsize=(13 if ratios else 9, 3.4), layout="tight")
+    fig = Figure(figsize=(13 if ratios else 9, 3.4), layout="tight")
+    axes = fig.subplots(1, 3 if ratios else 2)
     for name in report.servers:
         rows = [report.row(name, c) for c in report.clients]
         for ax, key in zip(axes, ("tokens_per_s", "ttft_p99_ms")):

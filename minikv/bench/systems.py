@@ -1,7 +1,5 @@
-"""The systems the benchmark races (docs/benchmarks.md), each a function of the workload that returns a `Run`.
-
-A run is timed from handing over the whole workload to the last token, setup not included; all decode greedily.
-"""
+"""The systems the benchmark races (docs/benchmarks.md), each a function of the workload that returns a `Run`,
+timed from handing over the whole workload to the last token; all decode greedily."""
 
 import logging
 import time

@@ -1,8 +1,5 @@
-"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair.
-
-    python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
-    python -m minikv.bench.transfer --first-token        # time to first token: Cluster vs DistCluster
-"""
+"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair:
+`python -m minikv.bench.transfer --pages 256` (MiB/s, pages/s) or `--first-token` (Cluster vs DistCluster)."""
 
 import argparse
 import json

@@ -1,8 +1,5 @@
 """Shared eviction order: does key B's own cache tell it what key A sent? (prime and probe; Osvik, Shamir and
-Tromer 2006). Key B measures the pool, then in each trial fills it, A sends a prompt twice or two different ones,
-and B reads its own `cached_tokens`: in the *cache order* variant B re-sends its oldest prompt (one LRU for every
-key); in the *held pages* variant (held_pages.py) B first holds pages with keyless decodes (a shared free stack).
-Either reading higher after A repeated itself, in every trial, fails the check (docs/serve.md)."""
+Tromer 2006). Two variants, cache order and held pages (held_pages.py); docs/serve.md, "Prime and probe"."""
 
 import math
 

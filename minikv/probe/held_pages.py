@@ -1,8 +1,5 @@
-"""The eviction check's held-pages variant: key B fills its share of the pool with its own prompts, key A sends a
-prompt twice or two different ones, then B holds pages with a few keyless decodes sent at once (a prompt shorter
-than any page, so nothing of it is cached; long outputs) and re-sends its prompts newest first. The
-pages B's holds take come off the free stack first, then out of parked pages: if the stack is shared, how many
-of B's own pages survive tells how many pages key A parked or holds (docs/serve.md)."""
+"""The eviction check's held-pages variant: after A's two prompts, key B holds pages with keyless decodes; how
+many of B's own pages survive tells, if the free stack is shared, how many pages A parked (docs/serve.md)."""
 
 import math
 from concurrent.futures import ThreadPoolExecutor

@@ -1,7 +1,5 @@
-"""What the probe reads back: an Observation per request, every field checked against the OpenAI API. A reply
-the API does not allow (usage as an array, a count as a string, a stream cut before its final chunk, ...) raises
-CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL. A stream is read as
-the official `openai` client reads it: it ends at `data: [DONE]`, or cleanly after a final chunk without one."""
+"""What the probe reads back: an Observation per request, every field checked against the OpenAI API; a reply
+the API does not allow raises CannotProbe (a malformed endpoint is never a FAIL)."""
 
 import json
 import re

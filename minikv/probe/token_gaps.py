@@ -1,7 +1,5 @@
-"""Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? (a residual)
-B streams while A sends a fresh prompt and a repeated one; how well B's largest gap and B's summed extra delay (what
-a per-step prefill budget spreads over several gaps) tell them apart is reported as ROC AUC, an INFO verdict that
-never changes the exit status (docs/serve.md, "The inter-token gap")."""
+"""Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? Reported as ROC AUC, an
+INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap")."""
 
 import statistics
 import time

@@ -12,6 +12,9 @@ from multiprocessing.synchronize import Event
 
 import openai
 
+from minikv.bench.serving import async_client, stream_one
+from minikv.bench.systems import BenchRequest
+
 KEYS = {"a": "sk-fair-a", "b": "sk-fair-b"}
 SERVE_ARGS = [f"--api-key={t}={k}" for t, k in KEYS.items()]  # what each server must be started with
 MODEL = "tiny-llama"
@@ -45,15 +48,9 @@ def flood_prompt(client: int, i: int) -> str:
 
 async def b_ttft(api: openai.AsyncOpenAI, i: int) -> float:
     """One streamed request of B's: seconds to its first text."""
-    start = time.perf_counter()
-    stream = await api.completions.create(model=MODEL, prompt=f"b: save pin {i:06d}.\n", max_tokens=8,
-                                          stream=True)
-    first = None
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].text:
-            first = time.perf_counter() - start
-    assert first is not None, "B's reply had no text"
-    return first
+    _, ttft, _ = await stream_one(api, MODEL, BenchRequest(f"b: save pin {i:06d}.\n", 8))
+    assert ttft is not None, "B's reply had no text"
+    return ttft
 
 
 async def a_client(api: openai.AsyncOpenAI, client: int, done: Synchronized, tokens: Synchronized) -> None:
@@ -68,8 +65,7 @@ async def a_client(api: openai.AsyncOpenAI, client: int, done: Synchronized, tok
 
 async def a_flood(url: str, ready: Event, stop: Event, done: Synchronized, tokens: Synchronized) -> None:
     """A's clients, counting into `done` and `tokens`; `ready` once they run, until `stop` is set."""
-    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["a"], max_retries=0,
-                                  timeout=300) as api:
+    async with async_client(url, KEYS["a"]) as api:
         flooders = [asyncio.create_task(a_client(api, c, done, tokens)) for c in range(FLOOD_CLIENTS)]
         ready.set()
         while not stop.is_set():
@@ -86,8 +82,7 @@ def flood_process(url: str, ready: Event, stop: Event, done: Synchronized, token
 
 async def b_phase(url: str, phase: Phase, b_requests: int, counts: tuple[Synchronized, Synchronized]) -> None:
     """B's `b_requests`, one after another; what A completed meanwhile (from `counts`)."""
-    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["b"], max_retries=0,
-                                  timeout=300) as b_api:
+    async with async_client(url, KEYS["b"]) as b_api:
         await b_ttft(b_api, -1)  # not timed: the connection is opened
         await asyncio.sleep(FLOOD_WARMUP_S if phase.flood else 0)
         start, warmup = time.perf_counter(), tuple(c.value for c in counts)

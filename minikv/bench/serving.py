@@ -35,6 +35,12 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=lambda args: run_serving_command(args) if args.serve else bench(args))
 
 
+def async_client(url: str, key: str | None, **options) -> openai.AsyncOpenAI:
+    """The official client for a server's /v1: no retries, 300 s for a reply."""
+    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key or "none", max_retries=0, timeout=300.0,
+                              **options)
+
+
 async def stream_one(client: openai.AsyncOpenAI, model: str,
                      request: BenchRequest) -> tuple[Completion, float | None, float | None]:
     """One streamed greedy completion: (completion, TTFT, inter-token latency). TTFT runs to the first chunk
@@ -72,8 +78,7 @@ async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clien
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     http = openai.DefaultAsyncHttpxClient(limits=limits)
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key or "none", max_retries=0, timeout=300.0,
-                                  http_client=http) as api:
+    async with async_client(url, key, http_client=http) as api:
         start = time.perf_counter()
         await asyncio.gather(*(client(api) for _ in range(clients)))
         wall = time.perf_counter() - start

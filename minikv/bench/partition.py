@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.workload import TENANTS, document_sentence, filler, make_prompt, random_note
-from minikv.bench.prefix import APPS
+from minikv.bench.prefix import APPS, SYSTEM_PROMPT_CHARS
 from minikv.bench.systems import BenchRequest, Run, paired_ratios, serve_all
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
@@ -19,7 +19,6 @@ from minikv.model.llama import Llama
 POOLS = {"partitioned": True, "shared": False}  # cache_partition on or off; cache_salt on in both
 NUM_TENANTS = 4
 BUSY_SHARE = 1 / 2  # of the workload's requests, from the first tenant; the rest from the other three
-SYSTEM_PROMPT_CHARS = 700
 CAPACITY_REQUESTS, CAPACITY_PROMPT_CHARS, CAPACITY_TOKENS = 24, 240, 64  # the capacity run: one tenant's requests
 
 

@@ -37,8 +37,8 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
 
 def async_client(url: str, key: str | None, **options) -> openai.AsyncOpenAI:
     """The official client for a server's /v1: no retries, 300 s for a reply."""
-    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key or "none", max_retries=0, timeout=300.0,
-                              **options)
+    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key or "none", max_retries=0,
+                              timeout=300.0, **options)
 
 
 async def stream_one(client: openai.AsyncOpenAI, model: str,

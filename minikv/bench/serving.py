@@ -64,8 +64,8 @@ async def stream_one(client: openai.AsyncOpenAI, model: str,
 
 
 async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clients: int, key: str | None = None) -> Run:
-    """`clients` tasks take the requests in order from one queue (with bearer `key`, if any), each its next as soon
-    as its last is answered, until `requests` ends (it may be a generator)."""
+    """`clients` tasks take the requests in order from one queue (bearer `key`, if any), each its next as
+    soon as its last is answered, until `requests` ends (it may be a generator)."""
     results: dict[int, tuple | None] = {}
     todo = enumerate(requests)
 

@@ -103,7 +103,7 @@ class LearnedCeiling:
         return {g: self.groups[g].ceiling() for g in sorted(self.groups)}
 
     def trend(self, model: str) -> tuple[float, float, float] | None:
-        """(intercept s, slope s/token, the smallest learned mean size) of one model's learned groups' fast TTFT;
+        """(intercept s, slope s/token, smallest learned mean size) of a model's learned groups' fast TTFT;
         None without two learned groups of different sizes."""
         learned = [g for g, c in self.ceilings().items() if c is not None and g[0] == model]
         sizes = [self.groups[g].tokens / sum(self.groups[g].bins.values()) for g in learned]
@@ -113,8 +113,8 @@ class LearnedCeiling:
         return fit.intercept, fit.slope, min(sizes)
 
     def outliers(self) -> tuple[list[GatewayRecord], int]:
-        """(the rows above their group's ceiling or under the trend, in file order; how many more were above it
-        but not kept)."""
+        """(the rows above their group's ceiling or under the trend, in file order; how many more were
+        above it but not kept)."""
         rows, unlisted = [], 0
         for group, ceiling in self.ceilings().items():
             kept = self.groups[group].fastest
@@ -130,7 +130,7 @@ class LearnedCeiling:
 
 
 def _unread(record: GatewayRecord, rate: float, trend: tuple[float, float, float] | None, fallback: float) -> bool:
-    """A row of a group too small to learn from: faster than the trend allows, or without one the fixed ceiling."""
+    """A row of a group too small to learn from: faster than the trend allows, or the fixed ceiling."""
     if trend is None:
         return rate > fallback
     intercept, slope, smallest = trend

@@ -13,14 +13,14 @@ HOLD_PROMPT = "1 2 3 4"  # under a page; models go on counting (a random letter 
 
 
 def trial_requests(prompts: int) -> int:
-    """The most requests one trial sends when B's pool measured `prompts` prompts: prime, A's two, the holds, probe."""
+    """The most requests a trial sends when B's pool held `prompts` prompts: prime, A's two, holds, probe."""
     return 2 * (prompts + 1) + 2 + HOLDS
 
 
 def held_trial(s: ProbeSession, result: CheckResult, number: int, kind: str, words: int, a_words: int,
                pool: int, whole: int, primes: int) -> tuple[int, int, int]:
-    """Prime (`primes` of B's prompts, past its measured `pool`), A's two prompts, B's holds, probe (B's prompts
-    newest first, up to the first one that reads less than `whole`, what an untouched one reads):
+    """Prime (`primes` of B's prompts, past its measured `pool`), A's two prompts, B's holds, probe (B's
+    prompts newest first, up to the first that reads less than `whole`, what an untouched one reads):
     (B's cached tokens, summed; A's second prompt's cached_tokens; the tokens B's holds wrote)."""
     prime = [s.words(words) for _ in range(primes)]
     for prompt in prime:

@@ -101,7 +101,7 @@ def error_body(chunks: Iterator[bytes], limit: int = 4096) -> object:
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
                 control: StreamControl | None = None) -> Observation:
     """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's. The probe
-    always asks for usage, so a stream without `[DONE]` is whole only if it carried a finish_reason and usage."""
+    always asks for usage: a stream without `[DONE]` is whole only if it carried a finish_reason and usage."""
     text, times, usage, events, done, finished = [], [], None, 0, False, False
     for line in stream_lines:
         if not line.startswith("data:"):

@@ -15,9 +15,9 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import run_load
+from minikv.bench.systems import serve_all
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
-from minikv.engine.request import Request
 from minikv.model.llama import Llama
 from minikv.probe.run import probe_endpoint
 from minikv.serve.peer_venv import installed
@@ -36,12 +36,10 @@ PAST_WINDOW = 1100  # tokens (characters, for the shipped model): past the 1,024
 def same_text(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase, requests: int = REQUESTS) -> dict:
     """The benchmark's first `requests` requests, greedy: minikv's engine in-process against the peer."""
     workload = bench_workload(requests, seed=0)
-    engine = Engine(model, tok, EngineConfig(num_pages=256, event_log=False))
-    ids = [engine.submit(Request(r.prompt, "bench", r.max_tokens)) for r in workload]
-    ours = {r.request_id: r.text for r in engine.run()}
+    ours = serve_all(Engine(model, tok, EngineConfig(num_pages=256, event_log=False)), workload).texts
     with ThreadPoolExecutor(1) as pool:  # a thread of its own: a notebook's kernel already runs an event loop
         theirs = pool.submit(asyncio.run, run_load(url, served, workload, clients=8)).result().texts
-    return {"requests": requests, "equal": sum(ours[i] == t for i, t in zip(ids, theirs))}
+    return {"requests": requests, "equal": sum(a == b for a, b in zip(ours, theirs))}
 
 
 def past_the_window(url: str, served: str) -> dict:

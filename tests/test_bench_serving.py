@@ -17,7 +17,6 @@ from fake_endpoint import FakeEndpoint, events
 
 from minikv.bench import serving, systems
 from minikv.bench.benchmark import bench_workload
-from minikv.bench.plot import pyplot
 from minikv.bench.serving import LATENCIES, requests_for, run_load, run_serving, serving_figure
 from minikv.bench.systems import BenchRequest, Completion
 from minikv.model.checkpoint import to_hf_model
@@ -45,7 +44,6 @@ def test_paired_rounds_on_twin_servers(server):
     throughput, ttft = ([list(line.get_ydata()) for line in ax.lines] for ax in figure.axes[:2])
     assert throughput == [[report.row(s, c)["tokens_per_s"] for c in (1, 4)] for s in ("minikv", "twin")]
     assert ttft == [[report.row(s, c)["ttft_p99_ms"] for c in (1, 4)] for s in ("minikv", "twin")]
-    pyplot().close(figure)
 
 
 def test_a_load_streams_what_transformers_generates(server, tiny):

@@ -26,7 +26,7 @@ OUTPUT_BUDGETS = (16, 32, 64)  # max_tokens: most replies end with EOS before, s
 
 
 def bench_workload(num_requests: int = 32, seed: int = 0) -> list[BenchRequest]:
-    """Notes the replies must repeat: 4 in 10 bare, 4 with a 20-120 character document, 2 with 200-600 after."""
+    """Notes the replies must repeat: 4 in 10 bare, 4 with a 20-120 character document, 2 with 200-600."""
     rng = random.Random(seed)
     workload = []
     for _ in range(num_requests):
@@ -61,7 +61,7 @@ def kv_memory(tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest], 
 
 @torch.inference_mode()
 def decode_step_seconds(model: Llama, prompts: list[list[int]], iters: int) -> dict[str, float]:
-    """Median seconds of one decode step of the batch at its prompt lengths: scattered pool, contiguous cache."""
+    """Median seconds of one decode step of the batch after its prompts: scattered pool, contiguous cache."""
     device, lens = model.device, [len(p) for p in prompts]
     cache = ContiguousCache(model.config, len(lens), max(lens) + 1, device, model.dtype)
     cache.seq_lens = list(lens)
@@ -189,7 +189,7 @@ def time_systems(runners: dict[str, Callable[[list[BenchRequest]], Run]], worklo
 
 
 def run_command(model: Llama, tokenizer: PreTrainedTokenizerBase, args) -> int:
-    """Run, print the table or the JSON, write the figure; 1 if outputs differ (one thread: docs/benchmarks.md)."""
+    """Run, print the table or the JSON, write the figure; 1 if outputs differ (docs/benchmarks.md)."""
     torch.set_num_threads(args.threads)
     if args.partition:
         return partition.run_command(model, tokenizer, args)

@@ -1,13 +1,5 @@
-"""Does one tenant's flood starve another? Tenant B's time to first token alone, and beside tenant A's
-32 clients looping long prompts, on running `minikv serve` servers, in interleaved rounds (docs/serve.md).
-
-Each server is started with both keys (`--api-key a=sk-fair-a --api-key b=sk-fair-b`). Each round
-visits every server in turn, B alone and B beside the flood, and every other round runs both orders
-reversed; so slow drift of the machine's load falls on every server and phase alike. B sends one short
-streamed request at a time; A's clients loop 900-character prompts, each distinct from its first page,
-so that the prefix cache saves A nothing. A's clients run in a process of their own, as another user's
-would: B's timer never waits for the interpreter to finish handling A's replies.
-"""
+"""Does one tenant's flood starve another? Tenant B's time to first token alone and beside tenant A's 32
+looping clients (a process of their own), on running `minikv serve` servers (docs/serve.md, "Fairness")."""
 
 import asyncio
 import json
@@ -19,6 +11,9 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 
 import openai
+
+from minikv.bench.serving import async_client, stream_one
+from minikv.bench.systems import BenchRequest
 
 KEYS = {"a": "sk-fair-a", "b": "sk-fair-b"}
 SERVE_ARGS = [f"--api-key={t}={k}" for t, k in KEYS.items()]  # what each server must be started with
@@ -53,15 +48,9 @@ def flood_prompt(client: int, i: int) -> str:
 
 async def b_ttft(api: openai.AsyncOpenAI, i: int) -> float:
     """One streamed request of B's: seconds to its first text."""
-    start = time.perf_counter()
-    stream = await api.completions.create(model=MODEL, prompt=f"b: save pin {i:06d}.\n", max_tokens=8,
-                                          stream=True)
-    first = None
-    async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].text:
-            first = time.perf_counter() - start
-    assert first is not None, "B's reply had no text"
-    return first
+    _, ttft, _ = await stream_one(api, MODEL, BenchRequest(f"b: save pin {i:06d}.\n", 8))
+    assert ttft is not None, "B's reply had no text"
+    return ttft
 
 
 async def a_client(api: openai.AsyncOpenAI, client: int, done: Synchronized, tokens: Synchronized) -> None:
@@ -76,8 +65,7 @@ async def a_client(api: openai.AsyncOpenAI, client: int, done: Synchronized, tok
 
 async def a_flood(url: str, ready: Event, stop: Event, done: Synchronized, tokens: Synchronized) -> None:
     """A's clients, counting into `done` and `tokens`; `ready` once they run, until `stop` is set."""
-    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["a"], max_retries=0,
-                                  timeout=300) as api:
+    async with async_client(url, KEYS["a"]) as api:
         flooders = [asyncio.create_task(a_client(api, c, done, tokens)) for c in range(FLOOD_CLIENTS)]
         ready.set()
         while not stop.is_set():
@@ -94,8 +82,7 @@ def flood_process(url: str, ready: Event, stop: Event, done: Synchronized, token
 
 async def b_phase(url: str, phase: Phase, b_requests: int, counts: tuple[Synchronized, Synchronized]) -> None:
     """B's `b_requests`, one after another; what A completed meanwhile (from `counts`)."""
-    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=KEYS["b"], max_retries=0,
-                                  timeout=300) as b_api:
+    async with async_client(url, KEYS["b"]) as b_api:
         await b_ttft(b_api, -1)  # not timed: the connection is opened
         await asyncio.sleep(FLOOD_WARMUP_S if phase.flood else 0)
         start, warmup = time.perf_counter(), tuple(c.value for c in counts)
@@ -157,9 +144,10 @@ def summary(phases: list[Phase]) -> dict[str, dict]:
 
 def fairness_figure(stats: dict[str, dict]):
     """B's median time to first token (p90 whisker) alone and beside A's flood, per server, log scale."""
-    from minikv.bench.plot import pyplot
+    from matplotlib.figure import Figure
 
-    fig, ax = pyplot().subplots(figsize=(6.4, 3.6), layout="tight")
+    fig = Figure(figsize=(6.4, 3.6), layout="tight")
+    ax = fig.subplots()
     names, width = list(stats), 0.38
     for k, (label, colour) in enumerate((("alone", "#9e9e9e"), ("flood", "#d62728"))):
         med = [stats[n][label]["median_ms"] for n in names]

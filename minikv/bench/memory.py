@@ -35,7 +35,7 @@ def _check_lengths(kv_lens: Sequence[int]) -> None:
 
 
 def contiguous_use(kv_lens: Sequence[int], max_lens: int | Sequence[int], scheme: str = "contiguous") -> KVMemoryUse:
-    """`kv_lens`: the slots each request filled; `max_lens`: the row each reserved up front (one for all, or each's)."""
+    """`kv_lens`: the slots each request filled; `max_lens`: each one's row (one size for all, or each's)."""
     _check_lengths(kv_lens)
     rows = [max_lens] * len(kv_lens) if isinstance(max_lens, int) else list(max_lens)
     if len(rows) != len(kv_lens):

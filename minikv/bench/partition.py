@@ -1,8 +1,5 @@
-"""What the static partition (`cache_partition`) costs against the shared pool, both salted per tenant, on a pool
-of one context window per tenant (as `minikv serve` cuts its 256 pages for four keys): what one tenant can hold
-while the others are idle (tokens; requests running at once), and, on a workload with one system prompt per
-tenant and one busy tenant, the prefix-cache hit rate and tokens/s in paired, interleaved rounds
-(`python -m minikv bench --partition`; docs/benchmarks.md, "What the partition costs")."""
+"""What the static partition (`cache_partition`) costs against the shared pool, both salted per tenant: what
+one tenant can hold, the hit rate and tokens/s in paired rounds (`bench --partition`, docs/benchmarks.md)."""
 
 import json
 import random
@@ -12,7 +9,7 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from minikv.attacks.workload import TENANTS, document_sentence, filler, make_prompt, random_note
-from minikv.bench.prefix import APPS
+from minikv.bench.prefix import APPS, SYSTEM_PROMPT_CHARS
 from minikv.bench.systems import BenchRequest, Run, paired_ratios, serve_all
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
@@ -22,13 +19,12 @@ from minikv.model.llama import Llama
 POOLS = {"partitioned": True, "shared": False}  # cache_partition on or off; cache_salt on in both
 NUM_TENANTS = 4
 BUSY_SHARE = 1 / 2  # of the workload's requests, from the first tenant; the rest from the other three
-SYSTEM_PROMPT_CHARS = 700
 CAPACITY_REQUESTS, CAPACITY_PROMPT_CHARS, CAPACITY_TOKENS = 24, 240, 64  # the capacity run: one tenant's requests
 
 
 def tenant_workload(num_requests: int, seed: int, system_chars: int) -> list[BenchRequest]:
-    """Each tenant two system prompts of its own (two applications), one of them then a note; half the requests
-    from the first tenant, whose two prompts together are more than its quota holds (and less than the pool)."""
+    """Each tenant two system prompts of its own (two applications), one of them then a note; half the
+    requests from the first tenant, whose two prompts overflow its quota (not the pool)."""
     rng = random.Random(seed)
     tenants = TENANTS[:NUM_TENANTS]
     systems = {(t, app): document_sentence(rng, system_chars) for t in tenants for app in APPS}
@@ -38,7 +34,7 @@ def tenant_workload(num_requests: int, seed: int, system_chars: int) -> list[Ben
 
 
 def engine(model: Llama, tokenizer: PreTrainedTokenizerBase, partitioned: bool) -> Engine:
-    """The single engine, NUM_TENANTS windows of pages, salted, partitioned or not; audit and event log off."""
+    """The single engine, NUM_TENANTS windows of pages, salted, partitioned or not; no audit, no event log."""
     context = min(1024, model.config.max_position_embeddings)
     config = EngineConfig(num_pages=NUM_TENANTS * -(-context // 16), page_size=16, context_len=context,
                           cache_partition=partitioned, cache_tenants=NUM_TENANTS, audit=False, event_log=False)
@@ -46,7 +42,7 @@ def engine(model: Llama, tokenizer: PreTrainedTokenizerBase, partitioned: bool) 
 
 
 def most_running(door: Engine, seed: int) -> int:
-    """CAPACITY_REQUESTS distinct requests of one tenant at once, the others idle: the most running in one step."""
+    """CAPACITY_REQUESTS requests of one tenant at once, the others idle: the most running in one step."""
     rng = random.Random(seed)
     for _ in range(CAPACITY_REQUESTS):
         door.submit(Request(filler(rng, CAPACITY_PROMPT_CHARS), TENANTS[0], CAPACITY_TOKENS))
@@ -71,7 +67,7 @@ class PartitionCost:
         return self.checked["partitioned"].texts == self.checked["shared"].texts
 
     def figures(self) -> dict:
-        """Per pool: capacity, hit rate (checked run), median tokens/s; and partitioned over shared, paired."""
+        """Per pool: capacity, hit rate (checked run), median tokens/s; then partitioned over shared."""
         per_pool = {name: {"tenant_tokens": self.tenant_tokens[name], "running_at_once": self.running_at_once[name],
                            "hit_rate": self.checked[name].cached_tokens / self.checked[name].prompt_tokens,
                            "tokens_per_s": statistics.median(r[name].tokens_per_s for r in self.rounds)}

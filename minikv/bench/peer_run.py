@@ -1,6 +1,6 @@
-"""What notebook 12 shows of a real engine: `peer_run` against a served peer returns how many greedy replies equal
-minikv's, a prompt past the window, and `minikv probe` as a plain gateway sends (one shared cache) and as one that
-salts per key; where no peer is set up, notebook 12 reads RECORDED, written by `python -m minikv.bench.peer_run`."""
+"""What notebook 12 shows of a real engine: `peer_run` against a served peer counts the greedy replies equal
+to minikv's, tries a prompt past the window, and probes it unsalted and salted per key; without a peer,
+notebook 12 reads RECORDED, written by `python -m minikv.bench.peer_run`."""
 
 import asyncio
 import datetime
@@ -15,9 +15,9 @@ from transformers import PreTrainedTokenizerBase
 
 from minikv.bench.benchmark import bench_workload
 from minikv.bench.serving import run_load
+from minikv.bench.systems import serve_all
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
-from minikv.engine.request import Request
 from minikv.model.llama import Llama
 from minikv.probe.run import probe_endpoint
 from minikv.serve.peer_venv import installed
@@ -34,14 +34,12 @@ PAST_WINDOW = 1100  # tokens (characters, for the shipped model): past the 1,024
 
 
 def same_text(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase, requests: int = REQUESTS) -> dict:
-    """The benchmark's first `requests` requests, greedy: minikv's engine in-process against the peer over HTTP."""
+    """The benchmark's first `requests` requests, greedy: minikv's engine in-process against the peer."""
     workload = bench_workload(requests, seed=0)
-    engine = Engine(model, tok, EngineConfig(num_pages=256, event_log=False))
-    ids = [engine.submit(Request(r.prompt, "bench", r.max_tokens)) for r in workload]
-    ours = {r.request_id: r.text for r in engine.run()}
+    ours = serve_all(Engine(model, tok, EngineConfig(num_pages=256, event_log=False)), workload).texts
     with ThreadPoolExecutor(1) as pool:  # a thread of its own: a notebook's kernel already runs an event loop
         theirs = pool.submit(asyncio.run, run_load(url, served, workload, clients=8)).result().texts
-    return {"requests": requests, "equal": sum(ours[i] == t for i, t in zip(ids, theirs))}
+    return {"requests": requests, "equal": sum(a == b for a, b in zip(ours, theirs))}
 
 
 def past_the_window(url: str, served: str) -> dict:
@@ -52,8 +50,8 @@ def past_the_window(url: str, served: str) -> dict:
 
 
 def peer_run(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase) -> dict:
-    """The record notebook 12 reads (`served`: the peer's model name). The refusal past the window is read directly:
-    the probe's over-length check times prefill, too close to call on an engine that prefills a window in 30 ms."""
+    """The record notebook 12 reads (`served`: the peer's model name). The refusal past the window is read
+    directly: the probe's over-length check times prefill, too close to call where a window takes 30 ms."""
     run = {"same_text": same_text(url, served, model, tok), "past_window": past_the_window(url, served)}
     for name, settings in PROBES.items():
         run[name] = probe_endpoint(url, *KEYS, **{**settings, "checks": tuple(settings["checks"])}).to_json()
@@ -61,7 +59,7 @@ def peer_run(url: str, served: str, model: Llama, tok: PreTrainedTokenizerBase) 
 
 
 def record(path: Path = RECORDED) -> dict:
-    """Start vLLM (`peer serve`'s settings), run everything, and write the record with when, what and where."""
+    """Start vLLM (`peer serve`'s settings), run everything, write the record with when, what and where."""
     from minikv.model.checkpoint import load_model
     from minikv.serve.peer import PeerServer
     versions = installed("vllm")

@@ -4,31 +4,21 @@ step against its floor, and each safety switch's cost as time relative to the vu
 import os
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from minikv.bench.report import BenchReport
 
 HF, MINIKV, PAIR = "#9e9e9e", "#1f77b4", "#ff7f0e"
 
 
-def pyplot():
-    """matplotlib.pyplot, on the Agg backend unless one is chosen already: no display needed."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def bench_figure(report: BenchReport):
+def bench_figure(report: BenchReport) -> Figure:
     """A matplotlib Figure of `report`."""
-    fig, (ax_tps, ax_kv, ax_floor, ax_sw) = pyplot().subplots(1, 4, figsize=(20, 4.8), layout="tight",
-                                                             gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
+    fig = Figure(figsize=(20, 4.8), layout="tight")  # not pyplot's: no display, nothing to close
+    ax_tps, ax_kv, ax_floor, ax_sw = fig.subplots(1, 4, gridspec_kw={"width_ratios": [1.2, 0.8, 0.6, 1.0]})
     main = [n for n in report.results if "+" not in n]  # not the single switches nor scrub_on_free
     tps = [report.results[n].tokens_per_s for n in main]
     colours = [HF if n.startswith("hf_") else PAIR if n.startswith("pair") else MINIKV for n in main]
-    ax_tps.barh(main[::-1], tps[::-1], color=colours[::-1])
-    for y, v in enumerate(tps[::-1]):
-        ax_tps.text(v, y, f" {v:,.0f}", va="center", fontsize=8)
+    ax_tps.bar_label(ax_tps.barh(main[::-1], tps[::-1], color=colours[::-1]), fmt=" {:,.0f}", fontsize=8)
     ax_tps.set_xlabel("generated tokens per second (higher is better)")
     ax_tps.set_title(f"throughput, {report.num_requests} requests, greedy")
 
@@ -37,10 +27,9 @@ def bench_figure(report: BenchReport):
     used = [report.kv[n].used_tokens for n in names]
     labels = [{"paged": "pages", "paged_half_pages": "half-size\npages", "contiguous": "row:\nprompt+max",
                "contiguous_window": "row:\nwindow"}.get(n, n) for n in names]
-    ax_kv.bar(labels, reserved, color="#d9d9d9", label="reserved")
+    ax_kv.bar_label(ax_kv.bar(labels, reserved, color="#d9d9d9", label="reserved"), fontsize=8,
+                    labels=[f"{report.kv[n].waste:.1%}\nwasted" for n in names])
     ax_kv.bar(labels, used, color=MINIKV, label="filled with K/V")
-    for x, n in enumerate(names):
-        ax_kv.text(x, reserved[x], f"{report.kv[n].waste:.1%}\nwasted", ha="center", va="bottom", fontsize=8)
     ax_kv.set_ylim(0, max(reserved) * 1.2)
     ax_kv.tick_params(axis="x", labelsize=8)
     ax_kv.set_ylabel("KV slots (tokens), each request at its end")
@@ -54,12 +43,11 @@ def bench_figure(report: BenchReport):
     # a cost reads as a cost: time relative to the vulnerable pair, the inverse of the table's ratio
     cost = [1 / report.speedup("pair_vulnerable", of=n) if base else 0 for n in switches]
     labels = [n.removeprefix("pair_vulnerable+") if "+" in n else "safe preset" for n in switches]
-    ax_sw.barh(labels[::-1], cost[::-1], color=PAIR)
+    bars = ax_sw.barh(labels[::-1], cost[::-1], color=PAIR)
+    ax_sw.bar_label(bars, fmt="{:.2f}x", label_type="center", fontsize=8)
     ax_sw.axvline(1.0, color="black", lw=0.8)
     ax_sw.axvline(1 / 0.9, color="red", lw=0.8, ls="--")
     ax_sw.set_xlim(0, max([*cost, 1 / 0.9]) * 1.05)  # the dashed target line stays inside the panel
-    for y, v in enumerate(cost[::-1]):
-        ax_sw.text(0.02, y, f"{v:.2f}x", va="center", fontsize=8)
     ax_sw.set_xlabel("time relative to the vulnerable pair, above 1 slower\n(dashed: 1.11x, i.e. 0.9x the throughput)")
     ax_sw.set_title("what each safety switch costs (time)")
     fig.suptitle(report.machine, fontsize=8)
@@ -84,8 +72,6 @@ def floor_panel(ax, report: BenchReport) -> None:
 
 def plot_path_problem(path: str | Path) -> str | None:
     """Why the figure could not be written to `path` (folder, format), checked before any benchmark runs."""
-    from matplotlib.figure import Figure
-
     path = Path(path)
     formats = Figure().canvas.get_supported_filetypes()
     if path.suffix.lstrip(".").lower() not in formats:
@@ -99,7 +85,6 @@ def plot_path_problem(path: str | Path) -> str | None:
     return None
 
 
-def save_figure(fig, path: str | Path) -> None:
-    """Write a figure and close it; the format follows the file name (.png, .svg, .pdf)."""
+def save_figure(fig: Figure, path: str | Path) -> None:
+    """Write a figure; the format follows the file name (.png, .svg, .pdf)."""
     fig.savefig(path, dpi=120)
-    pyplot().close(fig)

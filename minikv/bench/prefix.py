@@ -1,8 +1,5 @@
-"""The shared-prefix benchmark: many requests behind two long system prompts, served in three MODES.
-
-`off`: no prefix caching; `shared`: every tenant reuses the prompt's pages; `cache_salt`: only its own
-(docs/benchmarks.md, "Shared prefixes"). All three must return the same completions before any time counts.
-"""
+"""The shared-prefix benchmark: requests behind two long system prompts, served in three MODES (caching off,
+shared, `cache_salt`) that must return the same completions before any time counts (docs/benchmarks.md)."""
 
 import random
 import statistics
@@ -37,8 +34,8 @@ def serve(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[Bench
 
 def measure(model: Llama, tokenizer: PreTrainedTokenizerBase, num_requests: int = 32, repeats: int = 3,
             seed: int = 0) -> tuple[dict, bool]:
-    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal): each mode once,
-    compared, then `repeats` interleaved rounds (none: the checked ones are timed); speedups are paired medians."""
+    """({speedup, prefill_tokens_saved, hit_rate, cache_salt: {the same three}}, outputs_equal): each mode
+    once, compared, then `repeats` interleaved rounds (none: the checked ones are timed); paired medians."""
     system_chars = min(SYSTEM_PROMPT_CHARS, model.config.max_position_embeddings // 2)  # a tiny test model's window
     workload = shared_prefix_workload(num_requests, seed=seed, system_chars=system_chars)
     checked = {mode: serve(model, tokenizer, workload, mode) for mode in MODES}

@@ -54,7 +54,7 @@ class BenchReport:
         return {name: median_run(runs) for name, runs in self.runs.items()}
 
     def speedup(self, over: str, of: str = "minikv_paged") -> float | None:
-        """`of`'s tokens/s over `over`'s: the median of the ratios within each repeat (not of runs minutes apart)."""
+        """`of`'s tokens/s over `over`'s: the median of the ratios within each repeat."""
         if of not in self.runs or over not in self.runs:
             return None
         return statistics.median(paired_ratios(self.runs[of], self.runs[over]))
@@ -80,7 +80,7 @@ class BenchReport:
         }
 
     def table(self) -> str:
-        """The results as markdown: the systems, the KV memory, the decode step and its floor, shared prefixes."""
+        """As markdown: the systems, the KV memory, the decode step and its floor, shared prefixes."""
         lines = [f"`{self.command}` on {self.machine}; {self.num_requests} requests; {self.timing}.", "",
                  "| system | tokens/s | vs hf one-by-one | TTFT p50 (ms) | TTFT p99 (ms) | outputs equal |",
                  "| --- | ---: | ---: | ---: | ---: | :---: |"]

@@ -47,21 +47,25 @@ class Floor:
                 "bandwidth_gb_s": self.bandwidth / 1e9}
 
 
+def synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """`fn`, then a wait for the GPU to finish it (a GPU returns before the work is done)."""
+    def run() -> object:
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    return run
+
+
 def linear_layers_only(model: Llama, num_tokens: int) -> Callable[[], object]:
-    """A step's matmuls and nothing else, on `num_tokens` rows: every linear layer, and the output projection."""
+    """A step's matmuls alone, on `num_tokens` rows: every linear layer, and the output projection."""
     weights = [m.weight for layer in model.layers
                for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     weights.append(model.lm_head.weight)
     x = {w.shape[1]: torch.randn(num_tokens, w.shape[1], device=model.device, dtype=model.dtype)
          for w in weights}  # one input per width: (num_tokens, in)
-
-    def run() -> object:
-        out = [F.linear(x[w.shape[1]], w) for w in weights]
-        if model.device.type == "cuda":
-            torch.cuda.synchronize(model.device)  # a GPU returns before the work is done
-        return out
-
-    return run
+    return synced(lambda: [F.linear(x[w.shape[1]], w) for w in weights], model.device)
 
 
 def scattered_pool(model: Llama, lens: list[int], page_size: int) -> tuple[PagePool, list[list[int]]]:
@@ -77,8 +81,8 @@ def scattered_pool(model: Llama, lens: list[int], page_size: int) -> tuple[PageP
 
 
 def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: str) -> Callable[[], list[int]]:
-    """One engine step on a scattered pool (all prompts prefilled, or a token decoded after each): backend, forward,
-    greedy choice."""
+    """One engine step on a scattered pool (prefill of every prompt, or a decode after each): forward,
+    greedy."""
     device, lens = model.device, [len(p) for p in prompts]
     pool, tables = scattered_pool(model, lens, page_size)
     if phase == "prefill":
@@ -99,7 +103,7 @@ def paged_step(model: Llama, prompts: list[list[int]], page_size: int, phase: st
 
 def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int = 1,
                    clock: Callable[[], float] = time.perf_counter, summary: Callable = statistics.median) -> list:
-    """Median (or `summary`) seconds of each of `fns` by `clock`, timed in turn so that host drift hits all alike."""
+    """Median (or `summary`) seconds of each of `fns` by `clock`, timed in turn: host drift hits all alike."""
     times: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + iters):
         for fn, ts in zip(fns, times):
@@ -113,14 +117,7 @@ def paired_seconds(fns: Sequence[Callable[[], object]], iters: int, warmup: int 
 def read_bandwidth(device: torch.device) -> tuple[Callable[[], object], int]:
     """A sum over a tensor far larger than any cache, and the bytes it reads."""
     x = torch.ones(BANDWIDTH_BYTES // 4, device=device)  # float32
-
-    def run() -> object:
-        total = x.sum()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return total
-
-    return run, x.nbytes
+    return synced(x.sum, device), x.nbytes
 
 
 def decode_bytes(model: Llama, lens: list[int]) -> int:
@@ -133,8 +130,8 @@ def decode_bytes(model: Llama, lens: list[int]) -> int:
 
 
 def measure_floor(model: Llama, prompts: list[list[int]], page_size: int, iters: int) -> Floor:
-    """A decode step after `prompts` against its matmuls and the bandwidth, timed in turn; by this thread's CPU
-    time on a CPU (a shared host's waits for a core would count), wall time on a GPU."""
+    """A decode step after `prompts` against its matmuls and the bandwidth, timed in turn; by this thread's
+    CPU time on a CPU (a shared host's waits for a core would count), wall time on a GPU."""
     lens = [len(p) for p in prompts]
     clock = time.thread_time if model.device.type == "cpu" else time.perf_counter
     matmuls = linear_layers_only(model, len(lens))

@@ -1,7 +1,5 @@
-"""`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests.
-
-Texts are checked once, then paired rounds are timed (docs/benchmarks.md says how and what each figure means).
-"""
+"""`python -m minikv bench --serve`: `minikv serve` against vLLM over HTTP, on the benchmark's requests: texts
+checked once, then paired rounds timed (docs/benchmarks.md)."""
 
 import argparse
 import asyncio
@@ -13,6 +11,7 @@ import time
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 
 import httpx
 import openai
@@ -34,6 +33,12 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-peer", action="store_true", help="--serve: minikv alone, even when vLLM is set up")
     bench = parser.get_default("func")
     parser.set_defaults(func=lambda args: run_serving_command(args) if args.serve else bench(args))
+
+
+def async_client(url: str, key: str | None, **options) -> openai.AsyncOpenAI:
+    """The official client for a server's /v1: no retries, 300 s for a reply."""
+    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key=key or "none", max_retries=0,
+                              timeout=300.0, **options)
 
 
 async def stream_one(client: openai.AsyncOpenAI, model: str,
@@ -59,8 +64,8 @@ async def stream_one(client: openai.AsyncOpenAI, model: str,
 
 
 async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clients: int, key: str | None = None) -> Run:
-    """`clients` tasks take the requests in order from one queue (with bearer `key`, if any), each its next as soon
-    as its last is answered, until `requests` ends (it may be a generator)."""
+    """`clients` tasks take the requests in order from one queue (bearer `key`, if any), each its next as
+    soon as its last is answered, until `requests` ends (it may be a generator)."""
     results: dict[int, tuple | None] = {}
     todo = enumerate(requests)
 
@@ -73,8 +78,7 @@ async def run_load(url: str, model: str, requests: Iterable[BenchRequest], clien
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     http = openai.DefaultAsyncHttpxClient(limits=limits)
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=key or "none", max_retries=0, timeout=300.0,
-                                  http_client=http) as api:
+    async with async_client(url, key, http_client=http) as api:
         start = time.perf_counter()
         await asyncio.gather(*(client(api) for _ in range(clients)))
         wall = time.perf_counter() - start
@@ -170,8 +174,7 @@ def run_serving(urls: dict[str, tuple[str, str]], workload: list[BenchRequest], 
     return report
 
 
-def to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+to_stderr = partial(print, file=sys.stderr, flush=True)
 
 
 def run_serving_command(args: argparse.Namespace) -> int:
@@ -222,10 +225,11 @@ def run_serving_command(args: argparse.Namespace) -> int:
 
 def serving_figure(report: ServingReport):
     """Tokens/s and TTFT p99 against concurrent clients, one line per server; the ratio with its range."""
-    from minikv.bench.plot import pyplot
+    from matplotlib.figure import Figure
 
     ratios = report.to_json()["ratios"]
-    fig, axes = pyplot().subplots(1, 3 if ratios else 2, figsize=(13 if ratios else 9, 3.4), layout="tight")
+    fig = Figure(figsize=(13 if ratios else 9, 3.4), layout="tight")
+    axes = fig.subplots(1, 3 if ratios else 2)
     for name in report.servers:
         rows = [report.row(name, c) for c in report.clients]
         for ax, key in zip(axes, ("tokens_per_s", "ttft_p99_ms")):

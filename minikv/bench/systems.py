@@ -1,7 +1,5 @@
-"""The systems the benchmark races (docs/benchmarks.md), each a function of the workload that returns a `Run`.
-
-A run is timed from handing over the whole workload to the last token, setup not included; all decode greedily.
-"""
+"""The systems the benchmark races (docs/benchmarks.md), each a function of the workload that returns a `Run`,
+timed from handing over the whole workload to the last token; all decode greedily."""
 
 import logging
 import time
@@ -65,7 +63,7 @@ class Run:
 
 
 def paired_ratios(of: list[Run], over: list[Run]) -> list[float]:
-    """`of`'s tokens/s over `over`'s, run by run: two runs seconds apart, which a drifting host slows alike."""
+    """`of`'s tokens/s over `over`'s, run by run: two runs seconds apart, slowed alike by a drifting host."""
     return [a.tokens_per_s / b.tokens_per_s for a, b in zip(of, over)]
 
 
@@ -125,7 +123,7 @@ def hf_sequential(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, work
 @torch.inference_mode()
 def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
                       page_size: int = 16) -> Run:
-    """transformers' continuous batching, the manager `generate_batch` wraps, fed request by request; a fresh one
+    """transformers' continuous batching (what `generate_batch` wraps), fed request by request; a fresh one
     each run (a cached one keeps its first size), its KV cache sized to the workload, prefix sharing off."""
     prompts = prompt_ids(tokenizer, workload)
     cb_config = ContinuousBatchingConfig(page_size=page_size, num_blocks=pages_to_hold(tokenizer, workload, page_size)
@@ -159,8 +157,8 @@ def hf_generate_batch(hf: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, 
 # -- minikv ----------------------------------------------------------------------------------
 @torch.inference_mode()
 def minikv_contiguous(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest]) -> Run:
-    """Static batching over a contiguous cache (before page pools): a row of the longest prompt + max_tokens per
-    request until the batch ends; each prompt prefilled alone, then every unfinished row decodes a token a step."""
+    """Static batching over a contiguous cache (before page pools): a row of the longest prompt + max_tokens
+    per request; each prompt prefilled alone, then every unfinished row decodes a token a step."""
     start, device = time.perf_counter(), model.device
     prompts, budgets = prompt_ids(tokenizer, workload), [r.max_tokens for r in workload]
     cache = ContiguousCache(model.config, len(prompts), max(len(p) + m for p, m in zip(prompts, budgets)), device,
@@ -212,8 +210,8 @@ def minikv_paged(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: lis
 
 def pair(model: Llama, tokenizer: PreTrainedTokenizerBase, workload: list[BenchRequest],
          switches: SafetySwitches, page_size: int = 16) -> Run:
-    """The disaggregated pair under `switches`, pools fitting the workload and window (startup_check passes); 64
-    pages a tick, as an RDMA link carries a prompt's KV within a step (1 a tick is the late-write lesson)."""
+    """The disaggregated pair under `switches`, pools fitting the workload and window; 64 pages a tick, as an
+    RDMA link carries a prompt's KV within a step (1 a tick is the late-write lesson)."""
     config = ClusterConfig(page_size=page_size, prefill_pages=128,
                            decode_pages=max(256, pages_to_hold(tokenizer, workload, page_size)),
                            transfer_pages_per_tick=64, audit=False, event_log=False)

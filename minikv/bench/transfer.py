@@ -1,8 +1,5 @@
-"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair.
-
-    python -m minikv.bench.transfer --pages 256          # MiB/s and pages/s, one room at a time
-    python -m minikv.bench.transfer --first-token        # time to first token: Cluster vs DistCluster
-"""
+"""The distributed KV transfer over loopback (docs/disagg.md), and `run_pair`, the harness of a bare pair:
+`python -m minikv.bench.transfer --pages 256` (MiB/s, pages/s) or `--first-token` (Cluster vs DistCluster)."""
 
 import argparse
 import json
@@ -44,8 +41,8 @@ def _entry(rank: int, worker: Worker, args: tuple, port: int, out_dir: str, dead
 
 
 def run_pair(worker: Worker, args: tuple = (), timeout_s: float = 30.0) -> tuple[dict, dict]:
-    """`worker(rank, store, deadline, args)` as prefill (sender) and decode, gloo over loopback, both killed past
-    `timeout_s`; (prefill result, decode result)."""
+    """`worker(rank, store, deadline, args)` as prefill (sender) and decode, gloo over loopback, both killed
+    past `timeout_s`; (prefill result, decode result)."""
     with tempfile.TemporaryDirectory() as out_dir:
         deadline = time.time() + timeout_s
         ctx = mp.spawn(_entry, args=(worker, args, free_port(), out_dir, deadline), nprocs=2, join=False)

@@ -1,14 +1,8 @@
 """The prefill-rate ceiling a log teaches about itself (docs/logs.md, "The ceiling learned from the log").
 
-Rows are grouped by model and prompt size (prompt_tokens in [2**k, 2**(k+1)): one model reads similar sizes at
-similar rates). Within a group, a row is an outlier when the log10 of its implied prefill rate lies more than
-K_SPREADS robust spreads above the group's median: spread = max(1.4826 x MAD, MIN_SPREAD_DECADES). Load only ever
-slows a prefill, so only the fast side is judged. A group of fewer than MIN_ROWS rows teaches no ceiling of its
-own; its rows are held to the trend of its model's groups that do (a longer prompt cannot be read sooner than a
-shorter one): a line (`scipy.stats.theilslopes`) through each learned group's fast time to first token (its mean
-size over its FAST_QUANTILE rate) predicts a row's, and a row past the smallest learned size that comes back in
-under BLIND_RATIO of it is an outlier. Without two learned sizes there is no trend, and the fixed ceiling applies.
-Memory stays bounded: each group keeps a histogram of its rates and only its MAX_CANDIDATES fastest rows."""
+Rows are grouped by model and prompt size ([2**k, 2**(k+1)) tokens); a row is an outlier when its rate lies
+more than K_SPREADS robust spreads above its group's median, or, in a group too small to learn from, when it
+comes back in under BLIND_RATIO of the time its model's trend (`scipy.stats.theilslopes`) predicts."""
 
 import heapq
 import math
@@ -46,12 +40,12 @@ def _bin(rate: float) -> int:
     return INFINITE_BIN if math.isinf(rate) else round(math.log10(rate) / BIN_DECADES)
 
 
-def _weighted_median(counts: Counter[int]) -> float:
-    """The median of values given as {value: how many}."""
+def _weighted_quantile(counts: Counter[int], q: float = 0.5) -> int:
+    """The q-quantile (default: the median) of values given as {value: how many}."""
     total, seen = sum(counts.values()), 0
     for value in sorted(counts):
         seen += counts[value]
-        if 2 * seen >= total:
+        if seen >= q * total:
             return value
     raise AssertionError("no values")
 
@@ -78,24 +72,19 @@ class RateGroup:
 
     def fast_ttft_s(self) -> float:
         """The group's fast time to first token: its mean size over its FAST_QUANTILE rate."""
-        finite, seen = self.finite(), 0
-        total = sum(finite.values())
-        for b in sorted(finite):
-            seen += finite[b]
-            if seen >= FAST_QUANTILE * total:
-                return self.tokens / sum(self.bins.values()) / 10 ** (b * BIN_DECADES)
-        raise AssertionError("no rates")
+        fast_bin = _weighted_quantile(self.finite(), FAST_QUANTILE)
+        return self.tokens / sum(self.bins.values()) / 10 ** (fast_bin * BIN_DECADES)
 
     def ceiling(self) -> float | None:
         """Tokens per second above which a row is an outlier; None for a group too small to teach."""
         finite = self.finite()
         if sum(finite.values()) < MIN_ROWS:
             return None
-        median = _weighted_median(finite)
+        median = _weighted_quantile(finite)
         deviations: Counter[int] = Counter()
         for b, n in finite.items():
             deviations[abs(b - median)] += n
-        spread = max(1.4826 * _weighted_median(deviations) * BIN_DECADES, MIN_SPREAD_DECADES)
+        spread = max(1.4826 * _weighted_quantile(deviations) * BIN_DECADES, MIN_SPREAD_DECADES)
         return 10 ** (median * BIN_DECADES + K_SPREADS * spread)
 
 
@@ -114,7 +103,7 @@ class LearnedCeiling:
         return {g: self.groups[g].ceiling() for g in sorted(self.groups)}
 
     def trend(self, model: str) -> tuple[float, float, float] | None:
-        """(intercept s, slope s/token, the smallest learned mean size) of one model's learned groups' fast TTFT;
+        """(intercept s, slope s/token, smallest learned mean size) of a model's learned groups' fast TTFT;
         None without two learned groups of different sizes."""
         learned = [g for g, c in self.ceilings().items() if c is not None and g[0] == model]
         sizes = [self.groups[g].tokens / sum(self.groups[g].bins.values()) for g in learned]
@@ -124,8 +113,8 @@ class LearnedCeiling:
         return fit.intercept, fit.slope, min(sizes)
 
     def outliers(self) -> tuple[list[GatewayRecord], int]:
-        """(the rows above their group's ceiling or under the trend, in file order; how many more were above it
-        but not kept)."""
+        """(the rows above their group's ceiling or under the trend, in file order; how many more were
+        above it but not kept)."""
         rows, unlisted = [], 0
         for group, ceiling in self.ceilings().items():
             kept = self.groups[group].fastest
@@ -141,7 +130,7 @@ class LearnedCeiling:
 
 
 def _unread(record: GatewayRecord, rate: float, trend: tuple[float, float, float] | None, fallback: float) -> bool:
-    """A row of a group too small to learn from: faster than the trend allows, or without one the fixed ceiling."""
+    """A row of a group too small to learn from: faster than the trend allows, or the fixed ceiling."""
     if trend is None:
         return rate > fallback
     intercept, slope, smallest = trend

@@ -54,8 +54,8 @@ def open_log(path: str | Path) -> Iterator[BinaryIO]:
 
 
 def read_lines(stream: BinaryIO, source: str, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes | OverlongLine]:
-    """The stream's lines without their newline, chunk by chunk (`read1`: one gzip block at a time); at a break,
-    the partial line as it is, then TruncatedLog."""
+    """The stream's lines without their newline, chunk by chunk (`read1`: a gzip block at a time); at a
+    break, the partial line as it is, then TruncatedLog."""
     pending, length, lines_read = bytearray(), 0, 0  # length: the current line's bytes, kept or not
     error: BaseException | None = None
     while True:

@@ -2,7 +2,7 @@
 synthetic log writes it."""
 
 def _luhn_total(digits: str) -> int:
-    """From the right, every second digit doubled (9 off a result above 9), all added: a valid number's is 0 mod 10."""
+    """From the right, every second digit doubled (less 9 above 9), all added: 0 mod 10 if valid."""
     doubled = (int(ch) * (1 + i % 2) for i, ch in enumerate(reversed(digits)))
     return sum(d - 9 if d > 9 else d for d in doubled)
 

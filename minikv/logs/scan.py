@@ -54,8 +54,8 @@ class Checklist:
 
 @dataclass(frozen=True)
 class Signals:
-    """The two warning signs checked on every row, with the settings a user can change. A prefill-rate ceiling of
-    None is learned from the log itself (ceiling.py)."""
+    """The two warning signs checked on every row, with the settings a user can change. A prefill-rate
+    ceiling of None is learned from the log itself (ceiling.py)."""
     max_prefill_tokens_per_s: float | None = DEFAULT_MAX_PREFILL_TOKENS_PER_S
     patterns: tuple[str, ...] = ()  # extra regular expressions that mark data as not yours
     compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
@@ -89,8 +89,8 @@ def secret_shapes(text: str, extra: Sequence[re.Pattern[str]] = ()) -> list[str]
 
 
 def flag_reasons(record: GatewayRecord, signals: Signals) -> list[str]:
-    """Every warning sign this row shows, in a fixed order; empty when it shows none. With a learned ceiling the
-    first sign is decided once the whole log is read (`scan_records`)."""
+    """Every warning sign this row shows, in a fixed order; empty when it shows none. With a learned
+    ceiling the first sign is decided once the whole log is read (`scan_records`)."""
     rate, ceiling = implied_prefill_rate(record), signals.max_prefill_tokens_per_s
     reasons = ["ttft_anomaly"] if rate is not None and ceiling is not None and rate > ceiling else []
     return reasons + (secret_shapes(record.response_text, signals.compiled) if record.response_text else [])
@@ -138,8 +138,8 @@ class ScanResult:
 
 def scan_records(items: Iterable[GatewayRecord | MalformedLine], checklist: Checklist = Checklist(),
                  signals: Signals = Signals(), max_malformed_kept: int = MAX_MALFORMED_KEPT) -> ScanResult:
-    """Apply the checklist and the signals to a stream of parsed lines. A stream that breaks off (TruncatedLog)
-    ends the scan: what was read stays, and `read_error` says where it stopped."""
+    """Apply the checklist and the signals to a stream of parsed lines. A stream that breaks off
+    (TruncatedLog) ends the scan: what was read stays, and `read_error` says where it stopped."""
     result = ScanResult()
     learned = LearnedCeiling(DEFAULT_MAX_PREFILL_TOKENS_PER_S) if signals.max_prefill_tokens_per_s is None else None
     try:
@@ -211,7 +211,7 @@ def format_report(result: ScanResult, checklist: Checklist, signals: Signals, so
 
 
 def _ceiling_lines(result: ScanResult, signals: Signals) -> tuple[str, list[str]]:
-    """The ceiling as the report states it: the fixed one; or learned, then one line per model and prompt size."""
+    """The ceiling as the report states it: fixed, or learned with a line per model and prompt size."""
     if signals.max_prefill_tokens_per_s is not None:
         return f"{signals.max_prefill_tokens_per_s:,.0f} tokens/s", []
     fallback = f"{DEFAULT_MAX_PREFILL_TOKENS_PER_S:,.0f} (too few rows to learn from)"
@@ -220,7 +220,7 @@ def _ceiling_lines(result: ScanResult, signals: Signals) -> tuple[str, list[str]
 
 
 def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
-    """`scan-logs FILE [options]`. Values stay strings here; `run_scan_logs` checks them and answers in one line."""
+    """`scan-logs FILE [options]`, values kept as strings: `run_scan_logs` checks them, in one line."""
     add = parser.add_argument
     add("file", metavar="FILE", help="gateway log, JSON Lines, plain or gzip; - reads stdin")
     add("--model", default=INCIDENT_MODEL, help="model id (default %(default)s)")
@@ -235,7 +235,7 @@ def add_scan_logs_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse(option: str, text: str, kind: type[date] | type[int] | type[float]) -> date | int | float:
-    """`text` as a YYYY-MM-DD day or a number (100,000 and 100_000 too); a ValueError naming `option` if not."""
+    """`text` as a YYYY-MM-DD day or a number (100,000 and 100_000 too); else a ValueError naming `option`."""
     try:
         return date.fromisoformat(text) if kind is date else kind(text.replace(",", "").replace("_", ""))
     except ValueError:
@@ -254,7 +254,7 @@ def _print(text: str, stream=None) -> None:
 
 
 def run_scan_logs(args: argparse.Namespace) -> int:
-    """Scan and print; exit status 0 nothing found, 1 findings to review, 2 could not scan it all (docs/logs.md)."""
+    """Scan and print; exit status 0 nothing found, 1 findings to review, 2 could not scan it all."""
     try:
         checklist = Checklist(args.model, _parse("--since", args.since, date), _parse("--until", args.until, date),
                               _parse("--min-prompt-tokens", args.min_prompt_tokens, int))

@@ -1,3 +1,3 @@
-"""`python -m minikv probe URL --key KEY_A --key KEY_B`: black-box isolation checks of an endpoint through
-its public OpenAI-compatible API and two keys the user owns, so the same checks run against minikv, vLLM, SGLang
-or a hosted provider (docs/serve.md, "The probe"). command.py reads the command line, run.py runs the checks."""
+"""`python -m minikv probe URL --key KEY_A --key KEY_B`: black-box isolation checks through an endpoint's
+OpenAI-compatible API and two keys the user owns, so they run against minikv, vLLM, SGLang or a hosted
+provider (docs/serve.md, "The probe"). command.py reads the command line, run.py runs the checks."""

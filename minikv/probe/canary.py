@@ -1,5 +1,5 @@
-"""Canary: a random string key A saves (the shipped model repeats notes) must never come back to key B's prompts of
-3/4 of the window to past it: the requests that reached freed pages in the incident (docs/serve.md, "The probe")."""
+"""Canary: a random string key A saves (the shipped model repeats notes) must never come back to key B's
+prompts of 3/4 of the window to past it, those that reached freed pages in the incident (docs/serve.md)."""
 
 import string
 from http import HTTPStatus

@@ -1,6 +1,6 @@
 """The probe's HTTP client: streamed completions, timed from sending to the first event with text, within a
-request budget and a deadline that nothing the endpoint sends can hold it past (a watchdog shuts the socket then),
-and reading a reply only up to `MAX_BODY_BYTES`."""
+request budget and a deadline nothing the endpoint sends can hold it past (a watchdog shuts the socket),
+reading a reply only up to `MAX_BODY_BYTES`."""
 
 import hashlib
 import json
@@ -29,7 +29,7 @@ class OutOfBudget(Incomplete):
 
 
 def api_base(url: str) -> str:
-    """`http://host:port`, `.../v1` or `.../v1/` -> `.../v1`; CannotProbe if it is no http(s) URL with a host."""
+    """`http://host:port`, `.../v1` or `.../v1/` -> `.../v1`; CannotProbe unless http(s) with a host."""
     try:
         parsed = httpx.URL(url.strip())
     except httpx.InvalidURL as e:
@@ -106,8 +106,8 @@ class ProbeClient:
 
     @contextmanager
     def _request(self, method: str, path: str, key: str, body: dict | None = None):
-        """(response, its body's chunks), one request of the budget; what goes wrong is CannotProbe or OutOfBudget.
-        A watchdog shuts the socket at the deadline, so that a blocked read returns then."""
+        """(response, its body's chunks), one request of the budget; what goes wrong is CannotProbe or
+        OutOfBudget. A watchdog shuts the socket at the deadline, so that a blocked read returns then."""
         url = f"{self.base}/{path}"
         timeout = self._spend()
         try:

@@ -1,5 +1,5 @@
 """`python -m minikv probe URL --key KEY_A --key KEY_B [...]`: the command line (docs/serve.md, "The probe").
-Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed or a check could not end."""
+Exit status: 0 every check passed, 1 a check failed, 2 the endpoint could not be probed or a check not end."""
 
 import argparse
 import json

@@ -1,8 +1,5 @@
 """Shared eviction order: does key B's own cache tell it what key A sent? (prime and probe; Osvik, Shamir and
-Tromer 2006). Key B measures the pool, then in each trial fills it, A sends a prompt twice or two different ones,
-and B reads its own `cached_tokens`: in the *cache order* variant B re-sends its oldest prompt (one LRU for every
-key); in the *held pages* variant (held_pages.py) B first holds pages with keyless decodes (a shared free stack).
-Either reading higher after A repeated itself, in every trial, fails the check (docs/serve.md)."""
+Tromer 2006). Two variants, cache order and held pages (held_pages.py); docs/serve.md, "Prime and probe"."""
 
 import math
 
@@ -57,7 +54,7 @@ def trial_order(s: ProbeSession) -> list[tuple[str, str]]:
 
 def measure_pool(s: ProbeSession, result: CheckResult, words: int) -> tuple[int, int] | None:
     """Key B's prompts until its least recently used one comes back short: (the tokens the pool keeps, what an
-    untouched prompt reads). None when B's own repeated prompt reads no cached tokens: no cache to share an order."""
+    untouched prompt reads). None when B's own repeated prompt reads no cached tokens: no cache, no order."""
     resident: list[str] = []  # B's prompts, least recently used first
     whole = None  # cached_tokens of a prompt nothing has evicted
     while True:
@@ -87,7 +84,7 @@ def measure_pool(s: ProbeSession, result: CheckResult, words: int) -> tuple[int,
 
 def trial(s: ProbeSession, result: CheckResult, number: int, kind: str, words: int, a_words: int,
           pool: int) -> tuple[int, int]:
-    """Prime (B fills the pool), A's two prompts, probe (B re-sends its oldest): (B's reading, A's cached_tokens)."""
+    """Prime (B fills the pool), A's two prompts, probe (B re-sends its oldest): (B's reading, A's cached)."""
     whole_tokens = s.scale.tokens(words)
     target = pool + OVERFILL_SHARE * whole_tokens
     prime = [s.words(words) for _ in range(math.floor(target / whole_tokens))]
@@ -128,7 +125,7 @@ def decide(result: CheckResult, readings: dict[str, dict[str, list[int]]], hidde
 
 
 def separates(readings: dict[str, list[int]], a_tokens: int) -> bool:
-    """B's every reading after A's repeat above its every reading after A's fresh prompt, by half of A's prompt."""
+    """B's every reading after A's repeat above each after A's fresh prompt, by half of A's prompt."""
     return min(readings["repeat"]) - max(readings["fresh"]) >= SEPARATION_SHARE * a_tokens
 
 

@@ -1,8 +1,5 @@
-"""The eviction check's held-pages variant: key B fills its share of the pool with its own prompts, key A sends a
-prompt twice or two different ones, then B holds pages with a few keyless decodes sent at once (a prompt shorter
-than any page, so nothing of it is cached; long outputs) and re-sends its prompts newest first. The
-pages B's holds take come off the free stack first, then out of parked pages: if the stack is shared, how many
-of B's own pages survive tells how many pages key A parked or holds (docs/serve.md)."""
+"""The eviction check's held-pages variant: after A's two prompts, key B holds pages with keyless decodes; how
+many of B's own pages survive tells, if the free stack is shared, how many pages A parked (docs/serve.md)."""
 
 import math
 from concurrent.futures import ThreadPoolExecutor
@@ -16,14 +13,14 @@ HOLD_PROMPT = "1 2 3 4"  # under a page; models go on counting (a random letter 
 
 
 def trial_requests(prompts: int) -> int:
-    """The most requests one trial sends when B's pool measured `prompts` prompts: prime, A's two, the holds, probe."""
+    """The most requests a trial sends when B's pool held `prompts` prompts: prime, A's two, holds, probe."""
     return 2 * (prompts + 1) + 2 + HOLDS
 
 
 def held_trial(s: ProbeSession, result: CheckResult, number: int, kind: str, words: int, a_words: int,
                pool: int, whole: int, primes: int) -> tuple[int, int, int]:
-    """Prime (`primes` of B's prompts, past its measured `pool`), A's two prompts, B's holds, probe (B's prompts
-    newest first, up to the first one that reads less than `whole`, what an untouched one reads):
+    """Prime (`primes` of B's prompts, past its measured `pool`), A's two prompts, B's holds, probe (B's
+    prompts newest first, up to the first that reads less than `whole`, what an untouched one reads):
     (B's cached tokens, summed; A's second prompt's cached_tokens; the tokens B's holds wrote)."""
     prime = [s.words(words) for _ in range(primes)]
     for prompt in prime:

@@ -1,6 +1,6 @@
 """Over-length: a prompt past the window must be refused, and one at its top read (notebook 05). The check
-fits a line to the fastest times of short prompts (1/64 to 3/16 of the window, five times each) and fails a top
-prompt answered 200 in under half what the line predicts (docs/serve.md, "The probe")."""
+fits a line to the fastest times of short prompts (1/64 to 3/16 of the window, five times each) and fails a
+top prompt answered 200 in under half what the line predicts (docs/serve.md, "The probe")."""
 
 import statistics
 from http import HTTPStatus

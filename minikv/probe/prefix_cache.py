@@ -1,6 +1,6 @@
 """Shared prefix cache: can key B tell that key A sent a prompt? (Gu et al., ICML 2025; docs/serve.md)
-Each round key A sends a prompt twice (the second: the control that shows caching at all), key B the same (hit)
-and a fresh one (miss); B's hits faster (a Kolmogorov-Smirnov test) or with `cached_tokens` mean a shared cache."""
+Each round key A sends a prompt twice (the second, a control: caching at all), key B the same (hit) and a
+fresh one (miss); B's hits faster (a Kolmogorov-Smirnov test) or with `cached_tokens` mean a shared cache."""
 
 import statistics
 

@@ -1,7 +1,5 @@
-"""What the probe reads back: an Observation per request, every field checked against the OpenAI API. A reply
-the API does not allow (usage as an array, a count as a string, a stream cut before its final chunk, ...) raises
-CannotProbe with one line saying what was wrong: a malformed endpoint is never a check's FAIL. A stream is read as
-the official `openai` client reads it: it ends at `data: [DONE]`, or cleanly after a final chunk without one."""
+"""What the probe reads back: an Observation per request, every field checked against the OpenAI API; a reply
+the API does not allow raises CannotProbe (a malformed endpoint is never a FAIL)."""
 
 import json
 import re
@@ -103,7 +101,7 @@ def error_body(chunks: Iterator[bytes], limit: int = 4096) -> object:
 def read_stream(stream_lines: Iterator[str], start: float, content_type: str | None,
                 control: StreamControl | None = None) -> Observation:
     """A completion's server-sent events -> one Observation; CannotProbe if they are not the API's. The probe
-    always asks for usage, so a stream without `[DONE]` is whole only if it carried a finish_reason and usage."""
+    always asks for usage: a stream without `[DONE]` is whole only if it carried a finish_reason and usage."""
     text, times, usage, events, done, finished = [], [], None, 0, False, False
     for line in stream_lines:
         if not line.startswith("data:"):

@@ -1,5 +1,5 @@
-"""What one probe run is asked to do (its options, with their defaults) and what it found: each check's exchanges,
-figures and verdict, and the run's report and exit status. No heavy imports: the command line reads these first."""
+"""What one probe run is asked to do (its options and defaults) and what it found: each check's exchanges,
+figures and verdict, the report and exit status. No heavy imports: the command line reads these first."""
 
 from dataclasses import dataclass, field
 
@@ -29,7 +29,7 @@ class ProbeOptions:
 
 
 class Incomplete(Exception):
-    """A check cannot finish (a request not served, the budget spent): its verdict is INCOMPLETE, this the reason."""
+    """A check cannot finish (a request not served, the budget spent): verdict INCOMPLETE, this the reason."""
 
 
 @dataclass
@@ -73,7 +73,7 @@ class ProbeReport:
 
     @property
     def status(self) -> int:
-        """The exit status: 0 all passed, 1 any failed, 2 a check could not finish (and none failed). INFO passes."""
+        """The exit status: 0 all passed (INFO passes), 1 any failed, 2 a check could not finish."""
         if any(r.verdict == FAIL for r in self.results):
             return 1
         return 0 if all(r.verdict in (PASS, INFO) for r in self.results) else 2
@@ -88,7 +88,7 @@ class ProbeReport:
                 "exit_status": self.status}
 
     def summary(self) -> str:
-        """The closing lines: the verdicts in words, the checks not run and how to run them, one line per quirk."""
+        """The closing lines: the verdicts in words, the checks not run and how to run them, each quirk."""
         named = {verdict: [r.name for r in self.results if r.verdict == verdict] for verdict in VERDICT_WORDS}
         found = [f"failed: {', '.join(named[FAIL])}"] if named[FAIL] else []
         if named[INCOMPLETE]:

@@ -27,7 +27,7 @@ def checks(options: ProbeOptions) -> list[tuple[str, Callable[[ProbeSession, Che
 
 def probe_endpoint(url: str, key_a: str, key_b: str, on_result: Callable[[CheckResult], None] | None = None,
                    transport: httpx.BaseTransport | None = None, **settings) -> ProbeReport:
-    """Run the chosen checks against `url`; `settings` are ProbeOptions' fields (rounds=, seed=, checks=, ...).
+    """Run the chosen checks against `url`; `settings` are ProbeOptions' fields (rounds=, seed=, ...).
     CannotProbe if the endpoint cannot be probed at all, or answers something the API does not allow."""
     options = ProbeOptions(**settings)
     client = ProbeClient(url, options.budget, options.time_limit_s, transport, options.salt_per_key)

@@ -51,7 +51,7 @@ class TokenScale:
 
 @dataclass
 class ProbeSession:
-    """What every check is given: the client, both keys, the window, the token scale, the seeded random source."""
+    """What every check is given: the client, both keys, the window, the token scale, a seeded rng."""
 
     client: ProbeClient
     key_a: str

@@ -1,7 +1,5 @@
-"""Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? (a residual)
-B streams while A sends a fresh prompt and a repeated one; how well B's largest gap and B's summed extra delay (what
-a per-step prefill budget spreads over several gaps) tell them apart is reported as ROC AUC, an INFO verdict that
-never changes the exit status (docs/serve.md, "The inter-token gap")."""
+"""Inter-token gap: does key B's own stream show whether key A's prompt hit A's cache? Reported as ROC AUC, an
+INFO verdict that never changes the exit status (docs/serve.md, "The inter-token gap")."""
 
 import statistics
 import time
@@ -67,8 +65,8 @@ def check_token_gaps(s: ProbeSession, result: CheckResult) -> None:
 
 
 def beside_a_stream(s: ProbeSession, prompts: list[str]) -> list[tuple[float | None, float | None, Observation]]:
-    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, B's summed extra
-    delay across it, A's Observation); both None when B's stream did not run through the whole of A's request."""
+    """Key A sends `prompts` one by one while key B streams: for each, (B's largest gap across it, B's summed
+    extra delay across it, A's Observation); both None when B's stream did not span all of A's request."""
     control = StreamControl()
     with ThreadPoolExecutor(max_workers=1) as pool:
         stream = pool.submit(s.client.complete, s.key_b, B_PROMPT, B_MAX_TOKENS, control)
@@ -91,15 +89,15 @@ def beside_a_stream(s: ProbeSession, prompts: list[str]) -> list[tuple[float | N
 
 
 def largest_gap(times: tuple[float, ...], start: float, end: float) -> float | None:
-    """The largest gap between consecutive tokens that overlaps [start, end]; None unless tokens came on both sides."""
+    """The largest gap between tokens overlapping [start, end]; None unless tokens came on both sides."""
     if not times or times[0] > start or times[-1] < end:
         return None
     return max(t2 - t1 for t1, t2 in zip(times, times[1:]) if t2 > start and t1 < end)
 
 
 def extra_delay(times: tuple[float, ...], start: float, end: float) -> float | None:
-    """The summed excess over B's median gap of the gaps that overlap [start, end]; None unless tokens came on
-    both sides. A prefill split into chunks lengthens several gaps a little: their sum still holds its cost."""
+    """The summed excess over B's median gap of the gaps overlapping [start, end]; None unless tokens came
+    on both sides. A prefill split into chunks lengthens several gaps a little: their sum shows its cost."""
     if not times or times[0] > start or times[-1] < end:
         return None
     pairs = list(zip(times, times[1:]))
@@ -108,5 +106,5 @@ def extra_delay(times: tuple[float, ...], start: float, end: float) -> float | N
 
 
 def roc_auc(misses: list[float], hits: list[float]) -> float:
-    """The chance that a random miss's value exceeds a random hit's (ties count half): Mann-Whitney U / (n1 n2)."""
+    """The chance a random miss's value exceeds a random hit's (ties count half): Mann-Whitney U / (n1 n2)."""
     return float(mannwhitneyu(misses, hits).statistic) / (len(misses) * len(hits))

@@ -1,9 +1,5 @@
-"""The incident in miniature, by hand: a two-node event log to read page maps on and test the pictures.
-
-alice's request is prefilled, transferred, decoded and freed, its data left in place. bob's long
-prompt is rejected at prefill but moves on anyway; decode reserves 4 pages for him over alice's
-stale data, one page is transferred, and his decode step reads alice's pages.
-"""
+"""The incident in miniature, by hand, to read page maps on and test the pictures: alice's data stays in
+decode's pages; bob, rejected at prefill, moves on anyway, and his decode step reads them."""
 
 from minikv.engine.events import Event
 

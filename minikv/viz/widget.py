@@ -1,8 +1,5 @@
-"""A player for an engine's history: Play, a slider, previous/next, and the page map of each frame.
-
-Play and the slider are linked in the browser (`jslink`); drawing needs the kernel, so the output
-also carries a PNG of the opening frame for viewers without widgets (docs/pictures.md).
-"""
+"""A player for an engine's history: Play, a slider, previous/next, and the page map of each frame; the output
+also carries a PNG of the opening frame for viewers without widgets (docs/pictures.md)."""
 
 import base64
 import html

@@ -1,7 +1,7 @@
 """A Llama-family decoder whose attention reads and writes a cache the caller passes in.
 
-Named as transformers' `LlamaForCausalLM`, so a local checkpoint loads into it (checkpoint.py). Unlike
-the usual one-file GPT:
+RMSNorm, rotary positions (RoPE), grouped-query attention and a SwiGLU MLP, named as transformers'
+`LlamaForCausalLM`, so a local checkpoint loads into it (checkpoint.py). Unlike the usual one-file GPT:
 - positions are an input: in a paged engine a token's position belongs to its request, not its batch row;
 - K and V go to an `AttentionBackend` (attention/dense.py): a contiguous cache, a page pool, or none;
 - Q, K, V come out of one matmul (`qkv_proj`), the MLP's gate and up out of another, as vLLM packs them.
@@ -175,9 +175,13 @@ class Llama(nn.Module):
                 logits_index: Tensor | None = None, last_layer_on_logits_only: bool = False) -> Tensor:
         """Logits (..., vocab_size) in float32 of the new tokens; the backend `kv` keeps their K/V.
 
-        input_ids (N,) flat or (B, T) dense, positions alike (each token's in its own request); logits_index
-        (M,): the rows whose logits are needed. With `last_layer_on_logits_only` the last layer computes only
-        those rows after storing every K/V (the backend takes `last_only`; test_model checks it agrees)."""
+        Args:
+            input_ids: (N,) a flat batch of new tokens, or (B, T) for dense attention.
+            positions: same shape: each token's position in its own request.
+            logits_index: optional (M,) rows whose logits are needed (each request's last token).
+            last_layer_on_logits_only: the last layer stores every token's K/V but computes the rest only
+                for the `logits_index` rows (the backend must take `last_only`; tests/test_model.py checks it).
+        """
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")
         assert logits_index is not None or not last_layer_on_logits_only, "which rows? give logits_index"

@@ -166,16 +166,16 @@ class Cluster(PairDoor):
                  config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches.preset("safe")) -> None:
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        super().__init__(tokenizer, config, switches, log)  # one clock: the nodes step, the fabric lands by it
+        super().__init__(tokenizer, config, switches, log)  # one clock: the nodes step, the fabric by it
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
         pools = [node_pool(role, model, config, switches, d) for role, d in zip(ROLES, devices)]
         (self.prefill_pool, self.prefill_audit), (self.decode_pool, self.decode_audit) = pools
         self.manager = KVManager(self.prefill_pool, self.decode_pool, self.prefill_audit, self.decode_audit,
-                                 self.log, self.clock, config.transfer_base_latency,
+                                 log, self.clock, config.transfer_base_latency,
                                  config.transfer_pages_per_tick, config.transfer_timeout_ticks,
                                  transfer_cap(config, switches))
-        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, self.log, self.clock, self.manager,
+        self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager,
                                       pool, audit) for role, m, (pool, audit) in zip(ROLES, models, pools))
         self.prefill, self.decode = self.nodes
 

@@ -44,9 +44,10 @@ class DistCluster(PairDoor):
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches.preset("safe"), model_dir: str | None = None,
-                 devices: tuple[str, str] | None = None, link_s_per_page: float = 0.0, threads: int = 1) -> None:
-        super().__init__(tokenizer, config, switches, EventLog(enabled=False))  # the workers keep no event log
-        self.failure: str | None = None  # why the pair is down (for the operator); None while both workers live
+                 devices: tuple[str, str] | None = None, link_s_per_page: float = 0.0,
+                 threads: int = 1) -> None:
+        super().__init__(tokenizer, config, switches, EventLog(enabled=False))  # the workers keep none
+        self.failure: str | None = None  # why the pair is down (for the operator); None while both live
         self.last_heard: dict[int, float] = {}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
         self.reports: dict[int, dict] = {rank: {} for rank in range(len(ROLES))}  # each worker's latest

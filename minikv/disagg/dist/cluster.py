@@ -63,36 +63,31 @@ class DistCluster(PairDoor):
                         for rank, role in enumerate(ROLES)}
         for process in self.workers.values():
             process.start()
-        self._startup = self._wait_ready()
+        self._startup: dict[int, str] = {}  # rank -> its startup line
+        self._wait_ready()
         self.last_heard = {rank: time.monotonic() for rank in self.workers}  # both just said they are ready
 
-    def _wait_ready(self) -> list[str]:
-        """Both workers' startup lines, or WorkerStartError (both stopped) naming what went wrong."""
-        lines: dict[int, str] = {}
+    def _wait_ready(self) -> None:
+        """Until both workers are Ready; else WorkerStartError (both stopped) naming what went wrong."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while len(lines) < len(ROLES):
+        while len(self._startup) < len(ROLES):
             dead = dead_worker(self.workers)  # read before the queue: what a dead worker said is in it by now
             try:
                 message = self._news.get(timeout=0.1)
             except queue.Empty:
                 message = None
-            problem = None
-            if isinstance(message, Ready):
-                lines[message.rank] = message.startup_line
-            elif isinstance(message, WorkerFailed):
-                problem = f"the {ROLES[message.rank]} worker failed to start: {message.text.splitlines()[0]}"
+            if isinstance(message, WorkerFailed):
+                dead = f"the {ROLES[message.rank]} worker failed to start: {message.text.splitlines()[0]}"
             elif message is not None:
                 self._handle(message)
-            elif dead or time.monotonic() > deadline:
-                problem = dead or "the workers did not start in time"
-            if problem:
+                continue
+            if dead or time.monotonic() > deadline:
                 self.close()
-                raise WorkerStartError(problem)
-        return [lines[rank] for rank in range(len(ROLES))]
+                raise WorkerStartError(dead or "the workers did not start in time")
 
     def startup_log(self) -> list[str]:
         """Each worker's startup line: its pool next to the context window, its pid and device."""
-        return list(self._startup)
+        return [self._startup[rank] for rank in range(len(ROLES))]
 
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
@@ -119,8 +114,7 @@ class DistCluster(PairDoor):
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers sent (waiting up to `wait_s` for the first); then check both
-        live."""
+        """Handle every message the workers sent (waiting up to `wait_s` for the first); check both live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
@@ -130,9 +124,11 @@ class DistCluster(PairDoor):
             pass
         self._watch_workers()
 
-    def _handle(self, message: News | WorkerFailed) -> None:
+    def _handle(self, message: Ready | News | WorkerFailed) -> None:
         self.last_heard[message.rank] = time.monotonic()
-        if isinstance(message, News):
+        if isinstance(message, Ready):
+            self._startup[message.rank] = message.startup_line
+        elif isinstance(message, News):
             self.reports[message.rank] = message.report
             for request_id, ids in message.tokens.items():
                 if request_id in self.seqs:

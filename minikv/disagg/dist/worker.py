@@ -90,11 +90,6 @@ def loopback_store(rank: int, port: int) -> dist.TCPStore:
                          master_listen_fd=listen_fd)
 
 
-def report(node: Node, manager: DistKVManager) -> dict:
-    """The node's report, and the writes that landed here after their room was aborted."""
-    return {**node.report(), "late_writes": list(manager.landed_late)}
-
-
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
     """Take commands and step the node until told to stop or the parent is gone; send News on every change
     and at least every HEARTBEAT_S."""
@@ -110,7 +105,7 @@ def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_p
             node.clock.advance()
             if isinstance(node, DecodeNode):
                 tokens, ended = decode_news(node, streamed)
-        now = report(node, manager)
+        now = {**node.report(), "late_writes": list(manager.landed_late)}  # writes landed after an abort
         if tokens or ended or now != last or time.monotonic() - reported > HEARTBEAT_S:
             outbox.put(News(rank, now, tokens, ended))
             last, reported = now, time.monotonic()

@@ -121,12 +121,11 @@ class KVTransfer(ABC):
         """No write of this room is still in the network (what deferred release waits for)."""
         return room not in self.rooms or self.rooms[room].in_flight == 0
 
-    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
+    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> None:
         """Register a request's room; a backend that holds both sides is told by both nodes."""
         if room not in self.rooms:
             self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
         assert (self.rooms[room].request_id, self.rooms[room].uid) == (request_id, uid), f"room {room} reused"
-        return self.rooms[room]
 
     def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:
         """A send's (source, destination) page batches: the sender's `num_pages`, cut at batch_cap_pages."""

@@ -5,6 +5,7 @@ refuses a pool smaller than the window, the configuration the incident ran in.
 
 import copy
 import itertools
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -123,19 +124,49 @@ def transfer_cap(config: ClusterConfig, switches: SafetySwitches) -> int | None:
     return config.transfer_batch_cap_pages if switches.transfer_batch_cap else None
 
 
-class Cluster(FrontDoor):
+class PairDoor(FrontDoor):
+    """The front door over a pair, in this process (Cluster) or two (DistCluster): the startup check, a
+    bootstrap room per request, and /health summed from each node's `Node.report()`."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig, switches: SafetySwitches,
+                 log: EventLog) -> None:
+        if switches.startup_check and (problem := startup_problem(config)):
+            raise StartupRefused(problem)
+        super().__init__(config, tokenizer, log, Clock(), "door", partition_tenants(config, switches),
+                         switches.cache_salt)
+        self.switches = switches
+        self._rooms = itertools.count(1)
+
+    @abstractmethod
+    def node_reports(self) -> dict[str, dict]:
+        """Each node's latest report, by role."""
+
+    def health(self) -> dict:
+        pools = {role: {k: r.get(k, 0) for k in ("free_pages", "total_pages")}
+                 for role, r in self.node_reports().items()}
+        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads}
+
+    @property
+    def cross_tenant_reads(self) -> int:
+        return sum(r.get("cross_tenant_reads", 0) for r in self.node_reports().values())
+
+    def leaked_pages(self) -> int:
+        """Pages still held in either pool (zero once the pair is idle)."""
+        return sum(r.get("pages_held", 0) for r in self.node_reports().values())
+
+    def kv_in_flight(self, request_id: str) -> bool:
+        """Whether a KV write of this request is on the wire (a cancel now races a late write)."""
+        return any(request_id in r.get("kv_in_flight", ()) for r in self.node_reports().values())
+
+
+class Cluster(PairDoor):
     """A disaggregated pair behind one front door (the same client API as Engine: front_door.py)."""
 
     def __init__(self, model: Llama, tokenizer: PreTrainedTokenizerBase,
                  config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches.preset("safe")) -> None:
-        if switches.startup_check and (problem := startup_problem(config)):
-            raise StartupRefused(problem)
         log = EventLog(enabled=config.event_log, limit=config.event_log_limit)
-        # one clock: the nodes step, the fabric lands by it
-        super().__init__(config, tokenizer, log, Clock(), "door",
-                         partition_tenants(config, switches), switches.cache_salt)
-        self.switches = switches
+        super().__init__(tokenizer, config, switches, log)  # one clock: the nodes step, the fabric by it
         devices = [pick_device(name) for name in config.devices or pair_devices(str(model.device))]
         models = [model if model.device == d else copy.deepcopy(model).to(d) for d in devices]
         pools = [node_pool(role, model, config, switches, d) for role, d in zip(ROLES, devices)]
@@ -147,7 +178,6 @@ class Cluster(FrontDoor):
         self.nodes = tuple(build_node(role, m, tokenizer, config, switches, log, self.clock, self.manager,
                                       pool, audit) for role, m, (pool, audit) in zip(ROLES, models, pools))
         self.prefill, self.decode = self.nodes
-        self._rooms = itertools.count(1)
 
     @property
     def tick(self) -> int:
@@ -157,9 +187,8 @@ class Cluster(FrontDoor):
     def startup_log(self) -> list[str]:
         return [pool_line(node.name, node.pool, self.config.context_len) for node in self.nodes]
 
-    def health(self) -> dict:
-        return {"pools": {node.name: node.pool.occupancy() for node in self.nodes},
-                "cross_tenant_reads": self.cross_tenant_reads}
+    def node_reports(self) -> dict[str, dict]:
+        return {node.name: node.report() for node in self.nodes}
 
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Open a bootstrap room and hand the request to both nodes, as SGLang's router does; each
@@ -194,19 +223,7 @@ class Cluster(FrontDoor):
             node.check_integrity()
 
     @property
-    def cross_tenant_reads(self) -> int:
-        return sum(node.audit.cross_tenant_reads for node in self.nodes if node.audit is not None)
-
-    @property
     def cross_tenant_cache_hits(self) -> int:
         """Cached prefixes one tenant read that another tenant's request wrote (same tokens sent), all on
         prefill, the only node with a prefix cache (decode's reads of the copy are the same pairs)."""
         return self.prefill_audit.cross_tenant_cache_hits if self.prefill_audit is not None else 0
-
-    def leaked_pages(self) -> int:
-        """Pages owned by nobody live once the cluster is idle (should be zero)."""
-        return sum(node.pool.num_held for node in self.nodes)
-
-    def kv_in_flight(self, request_id: str) -> bool:
-        """Whether a KV write of this request is on the wire now (a cancel now races a late write)."""
-        return any(self.manager.rooms[b.room].request_id == request_id for b in self.manager.posted)

@@ -37,6 +37,12 @@ class Node:
     def live(self) -> int:
         return sum(len(q) for q in self.queues())
 
+    def report(self) -> dict:
+        """What the pair's /health sums: pool occupancy, its audit's cross-tenant reads, KV on the wire."""
+        reads = self.audit.cross_tenant_reads if self.audit is not None else 0
+        return {**self.pool.occupancy(), "pages_held": self.pool.num_held, "cross_tenant_reads": reads,
+                "kv_in_flight": sorted(t.request_id for t in self.manager.rooms.values() if t.in_flight)}
+
     def check_integrity(self) -> None:
         """Pool bookkeeping is consistent and every page owner is a request this node still holds."""
         self.pool.check_integrity({seq.request_id for queue in self.queues() for seq in queue})

@@ -95,9 +95,7 @@ class PrefillNode(Node):
                             f"failed (500): {first.error}")
                 self._release(seq, "released")
                 continue
-            # the forward wrote the K/V of the whole (possibly swapped) input
-            seq.num_cached = len(seq.prompt_ids)
-            n = len(seq.prompt_ids)
+            seq.num_cached = n = len(seq.prompt_ids)  # the forward wrote the whole (possibly swapped) input
             checksum = kv_checksum(self.pool, seq.block_table, n) if self.switches.kv_checksum else None
             sampler_state = seq.generator.get_state() if seq.generator is not None else None
             self.endpoints[seq.room].send(seq.block_table, Shipment(n, first.token, checksum, sampler_state,
@@ -106,13 +104,16 @@ class PrefillNode(Node):
             self._stage(seq, "inflight")
 
     def _poll_inflight(self) -> None:
+        """Once the transfer ended, the pages go back: handed over (Success), or released (it failed)."""
         for seq in list(self.inflight_queue):
-            state = self.endpoints[seq.room].poll()
-            if state in (KVPoll.Success, KVPoll.Failed):
-                self.inflight_queue.remove(seq)
-                failure = self.endpoints[seq.room].failure()
-                if not seq.finished() and failure is not None:
-                    seq.abort(*failure)
-                done = not seq.finished()
-                seq.finish_reason = "transferred" if done else seq.finish_reason
-                self._release(seq, "prefill done; KV handed to decode" if done else "released")
+            sender = self.endpoints[seq.room]
+            if sender.poll() not in (KVPoll.Success, KVPoll.Failed):
+                continue
+            self.inflight_queue.remove(seq)
+            if not seq.finished() and (failure := sender.failure()) is not None:
+                seq.abort(*failure)
+            if seq.finished():
+                self._release(seq, "released")
+            else:
+                seq.finish_reason = "transferred"
+                self._release(seq, "prefill done; KV handed to decode")

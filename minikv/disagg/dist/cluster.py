@@ -3,7 +3,6 @@ messages; the KV moves between the workers, never through here. A worker that di
 answering takes the pair down: every live and new request is answered 503 (docs/disagg.md).
 """
 
-import itertools
 import multiprocessing
 import os
 import queue
@@ -15,14 +14,12 @@ from http import HTTPStatus
 
 from transformers import PreTrainedTokenizerBase
 
-from minikv.disagg.cluster import (ClusterConfig, StartupRefused, pair_devices, partition_tenants,
-                                   startup_problem)
+from minikv.disagg.cluster import ROLES, ClusterConfig, PairDoor, pair_devices
 from minikv.disagg.dist.child import STALL_S
-from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
-from minikv.disagg.dist.worker import DECODE_RANK, ROLES, WorkerSpec, worker_main
+from minikv.disagg.dist.messages import Admit, Cancel, News, Ready, Stop, WorkerFailed
+from minikv.disagg.dist.worker import WorkerSpec, worker_main
 from minikv.disagg.switches import SafetySwitches
-from minikv.engine.events import Clock, EventLog
-from minikv.engine.front_door import FrontDoor
+from minikv.engine.events import EventLog
 from minikv.engine.request import Finished, Request, Sequence
 
 STEP_WAIT_S = 0.01  # how long one step waits for news from the workers
@@ -42,67 +39,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class DistCluster(FrontDoor):
+class DistCluster(PairDoor):
     """A disaggregated pair in two worker processes behind one front door (the client API of Cluster)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: ClusterConfig = ClusterConfig(),
                  switches: SafetySwitches = SafetySwitches.preset("safe"), model_dir: str | None = None,
-                 devices: tuple[str, str] | None = None, transfer_timeout_s: float | None = 30.0,
-                 link_s_per_page: float = 0.0, threads: int = 1) -> None:
-        if switches.startup_check and (problem := startup_problem(config)):
-            raise StartupRefused(problem)
-        # the workers keep no event log
-        super().__init__(config, tokenizer, EventLog(enabled=False), Clock(), "door",
-                         partition_tenants(config, switches), switches.cache_salt)
-        self.switches = switches
-        # why the pair is down (for the operator); None while both workers live
-        self.failure: str | None = None
-        self.last_heard = {rank: time.monotonic() for rank in ROLES}  # when each worker last sent a message
+                 devices: tuple[str, str] | None = None, link_s_per_page: float = 0.0,
+                 threads: int = 1) -> None:
+        super().__init__(tokenizer, config, switches, EventLog(enabled=False))  # the workers keep none
+        self.failure: str | None = None  # why the pair is down (for the operator); None while both live
+        self.last_heard: dict[int, float] = {}  # when each worker last sent a message
         self.stopping = False  # close() was called: a shutdown, not a failure
-        self.reports: dict[int, dict] = {rank: {} for rank in ROLES}  # each worker's latest report
+        self.reports: dict[int, dict] = {rank: {} for rank in range(len(ROLES))}  # each worker's latest
         self._ended: list[Finished] = []
         self._stopper: threading.Thread | None = None  # stops the pair's workers after a failure
-        self._rooms = itertools.count(1)
         ctx = multiprocessing.get_context("spawn")
         self._news = ctx.Queue()
-        self._commands = {rank: ctx.Queue() for rank in ROLES}
+        self._commands = {rank: ctx.Queue() for rank in self.reports}
         spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
-                          transfer_timeout_s, link_s_per_page, threads)
+                          link_s_per_page, threads)
         self.workers = {rank: ctx.Process(target=worker_main, name=f"minikv-{role}-worker", daemon=True,
                                           args=(rank, spec, self._commands[rank], self._news, os.getpid()))
-                        for rank, role in ROLES.items()}
+                        for rank, role in enumerate(ROLES)}
         for process in self.workers.values():
             process.start()
-        self._startup = self._wait_ready()
-        self.last_heard = {rank: time.monotonic() for rank in ROLES}  # both just said they are ready
+        self._startup: dict[int, str] = {}  # rank -> its startup line
+        self._wait_ready()
+        self.last_heard = {rank: time.monotonic() for rank in self.workers}  # both just said they are ready
 
-    def _wait_ready(self) -> list[str]:
-        """Both workers' startup lines, or WorkerStartError (both stopped) naming what went wrong."""
-        lines: dict[int, str] = {}
+    def _wait_ready(self) -> None:
+        """Until both workers are Ready; else WorkerStartError (both stopped) naming what went wrong."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while len(lines) < len(ROLES):
+        while len(self._startup) < len(ROLES):
             dead = dead_worker(self.workers)  # read before the queue: what a dead worker said is in it by now
             try:
                 message = self._news.get(timeout=0.1)
             except queue.Empty:
                 message = None
-            problem = None
-            if isinstance(message, Ready):
-                lines[message.rank] = message.startup_line
-            elif isinstance(message, WorkerFailed):
-                problem = f"the {ROLES[message.rank]} worker failed to start: {message.text.splitlines()[0]}"
+            if isinstance(message, WorkerFailed):
+                dead = f"the {ROLES[message.rank]} worker failed to start: {message.text.splitlines()[0]}"
             elif message is not None:
                 self._handle(message)
-            elif dead or time.monotonic() > deadline:
-                problem = dead or "the workers did not start in time"
-            if problem:
+                continue
+            if dead or time.monotonic() > deadline:
                 self.close()
-                raise WorkerStartError(problem)
-        return [lines[rank] for rank in ROLES]
+                raise WorkerStartError(dead or "the workers did not start in time")
 
     def startup_log(self) -> list[str]:
         """Each worker's startup line: its pool next to the context window, its pid and device."""
-        return list(self._startup)
+        return [self._startup[rank] for rank in range(len(ROLES))]
 
     def _admit(self, request: Request, request_id: str, prompt_ids: list[int]) -> Sequence:
         """Hand the checked request to both workers; answered 503 at the next step if the pair is down."""
@@ -122,11 +107,6 @@ class DistCluster(FrontDoor):
         for commands in self._commands.values():
             commands.put(Cancel(seq.request_id))
 
-    def kv_in_flight(self, request_id: str) -> bool:
-        """Whether a worker last reported a KV write of this request on the wire (a cancel now races a late
-        write)."""
-        return any(request_id in report.get("kv_in_flight", ()) for report in self.reports.values())
-
     def _advance(self) -> list[Finished]:
         """Take the workers' news, waiting up to STEP_WAIT_S for the first."""
         self._take_news(STEP_WAIT_S)
@@ -134,8 +114,7 @@ class DistCluster(FrontDoor):
         return ended
 
     def _take_news(self, wait_s: float) -> None:
-        """Handle every message the workers sent (waiting up to `wait_s` for the first); then check both
-        live."""
+        """Handle every message the workers sent (waiting up to `wait_s` for the first); check both live."""
         try:
             message = self._news.get(timeout=wait_s) if wait_s > 0 else self._news.get_nowait()
             while True:
@@ -145,15 +124,17 @@ class DistCluster(FrontDoor):
             pass
         self._watch_workers()
 
-    def _handle(self, message: object) -> None:
-        # Tokens and Ended come from decode
-        self.last_heard[getattr(message, "rank", DECODE_RANK)] = time.monotonic()
-        if isinstance(message, Ended) and message.seq.request_id in self.seqs and not self.failure:
-            self._ended.append(Finished(message.seq, message.status, message.error))
-        elif isinstance(message, Tokens) and message.request_id in self.seqs:
-            self.seqs[message.request_id].output_ids.extend(message.ids)
-        elif isinstance(message, Report):
+    def _handle(self, message: Ready | News | WorkerFailed) -> None:
+        self.last_heard[message.rank] = time.monotonic()
+        if isinstance(message, Ready):
+            self._startup[message.rank] = message.startup_line
+        elif isinstance(message, News):
             self.reports[message.rank] = message.report
+            for request_id, ids in message.tokens.items():
+                if request_id in self.seqs:
+                    self.seqs[request_id].output_ids.extend(ids)
+            if not self.failure:
+                self._ended += [f for f in message.ended if f.seq.request_id in self.seqs]
         elif isinstance(message, WorkerFailed):
             self._fail(f"the {ROLES[message.rank]} worker failed: {message.text.splitlines()[0]}")
 
@@ -181,24 +162,17 @@ class DistCluster(FrontDoor):
                                          name="minikv-pair-stop", daemon=True)
         self._stopper.start()
 
+    def node_reports(self) -> dict[str, dict]:
+        """Each worker's report as it last sent it."""
+        return {ROLES[rank]: report for rank, report in self.reports.items()}
+
     def health(self) -> dict:
-        """Pools and audit as the workers last reported them (news taken first: an idle server no
-        longer steps, and pages are freed after the last answer), and whether each worker lives."""
+        """The pair's health as the workers last reported it (news taken first: an idle server no longer
+        steps, and pages are freed after the last answer), and whether each worker lives."""
         self._take_news(0.0)
-        pools = {ROLES[r]: {"free_pages": rep.get("free_pages", 0), "total_pages": rep.get("total_pages", 0)}
-                 for r, rep in self.reports.items()}
         workers = {ROLES[rank]: {"pid": p.pid, "alive": p.is_alive(), "exitcode": p.exitcode}
                    for rank, p in self.workers.items()}
-        return {"pools": pools, "cross_tenant_reads": self.cross_tenant_reads, "workers": workers,
-                "failure": self.failure}
-
-    @property
-    def cross_tenant_reads(self) -> int:
-        return sum(rep.get("cross_tenant_reads", 0) for rep in self.reports.values())
-
-    def leaked_pages(self) -> int:
-        """Pages held in either worker's pool, as last reported (zero once idle)."""
-        return sum(rep.get("pages_held", 0) for rep in self.reports.values())
+        return super().health() | {"workers": workers, "failure": self.failure}
 
     def close(self) -> None:
         """Stop both workers (a shutdown, not a failure). Safe to call twice."""

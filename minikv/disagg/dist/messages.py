@@ -1,11 +1,11 @@
 """What the front door and the two workers tell each other over multiprocessing queues: the control
-plane only (the KV goes worker to worker). In: Admit, Cancel, Stop; out: Ready, Tokens, Ended,
-Report, WorkerFailed.
+plane only (the KV goes worker to worker). In: Admit, Cancel, Stop; out: Ready once, then News, or
+WorkerFailed.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from minikv.engine.request import Sequence
+from minikv.engine.request import Finished, Sequence
 
 
 @dataclass(frozen=True)
@@ -32,25 +32,13 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Tokens:
-    """Decode: the tokens generated since the last message (what the server streams)."""
-    request_id: str
-    ids: list[int]
-
-
-@dataclass(frozen=True)
-class Ended:
-    """Decode: how a request left."""
-    seq: Sequence
-    status: int
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Report:
-    """A worker's pool occupancy and what its audit saw, after every change."""
+class News:
+    """A worker's step, sent on every change and at least every HEARTBEAT_S: its `Node.report()`, and from
+    decode the tokens generated since its last News (what the server streams) and how requests left."""
     rank: int
     report: dict
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # request id -> its new token ids
+    ended: list[Finished] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

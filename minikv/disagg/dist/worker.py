@@ -14,21 +14,22 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minikv.disagg.cluster import ClusterConfig, build_node, node_pool, pool_line, transfer_cap
+from minikv.disagg.cluster import ROLES, ClusterConfig, build_node, node_pool, pool_line, transfer_cap
 from minikv.disagg.decode_node import DecodeNode
 from minikv.disagg.dist.child import HEARTBEAT_S, exit_now, ignore_group_signals, parent_alive
-from minikv.disagg.dist.messages import Admit, Cancel, Ended, Ready, Report, Stop, Tokens, WorkerFailed
+from minikv.disagg.dist.messages import Admit, Cancel, News, Ready, Stop, WorkerFailed
+from minikv.engine.request import Finished
 from minikv.disagg.node import Node
 from minikv.disagg.switches import SafetySwitches
 from minikv.disagg.transfer.torch_dist import DistKVManager
 from minikv.engine.events import Clock, EventLog
 from minikv.model.checkpoint import load_model
 
-PREFILL_RANK, DECODE_RANK = 0, 1
-ROLES = {PREFILL_RANK: "prefill", DECODE_RANK: "decode"}
+PREFILL_RANK, DECODE_RANK = 0, 1  # a worker's rank is its role's place in ROLES
 IDLE_WAIT_S = 0.02  # how long an idle worker waits for a command before looking again
 WAITING_NAP_S = 0.0005  # a worker whose requests only wait on the other side yields the CPU this long
 RENDEZVOUS_TIMEOUT = timedelta(seconds=120)
+TRANSFER_TIMEOUT_S = 30.0  # a room whose KV makes no progress this long fails (500)
 LOOPBACK_INTERFACE = "lo"  # gloo's listeners: the pair never leaves this machine
 BACKEND = "gloo"  # on GPUs too (pages staged through host memory): NCCL ignores tags (docs/disagg.md)
 
@@ -41,8 +42,7 @@ class WorkerSpec:
     devices: tuple[str, str]  # (prefill, decode)
     config: ClusterConfig
     switches: SafetySwitches
-    transfer_timeout_s: float | None
-    link_s_per_page: float
+    link_s_per_page: float  # a slow link, so that a cancel can race a late write (tests)
     threads: int = 1
 
 
@@ -59,13 +59,12 @@ def worker_main(rank: int, spec: WorkerSpec, inbox, outbox, parent_pid: int) -> 
         side = "sender" if rank == PREFILL_RANK else "receiver"
         manager = DistKVManager(side, pool, audit, store, peer=1 - rank,
                                 batch_cap_pages=transfer_cap(spec.config, spec.switches),
-                                timeout_s=spec.transfer_timeout_s, link_s_per_page=spec.link_s_per_page)
+                                timeout_s=TRANSFER_TIMEOUT_S, link_s_per_page=spec.link_s_per_page)
         node = build_node(role, model, tokenizer, spec.config, spec.switches, EventLog(enabled=False),
                           Clock(), manager, pool, audit)
         line = (f"{pool_line(role, pool, spec.config.context_len)}; worker pid {os.getpid()} on "
                 f"{model.device}, {BACKEND} rank {rank}")
         outbox.put(Ready(rank, line))
-        outbox.put(Report(rank, report(node, manager)))
         serve(rank, node, manager, inbox, outbox, parent_pid)
     except Exception as e:  # noqa: BLE001 - reported to the front door, which answers 503 from now on
         outbox.put(WorkerFailed(rank, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
@@ -91,32 +90,24 @@ def loopback_store(rank: int, port: int) -> dist.TCPStore:
                          master_listen_fd=listen_fd)
 
 
-def report(node: Node, manager: DistKVManager) -> dict:
-    """What this side reports: pool occupancy, what its audit saw, the requests whose KV is on the wire."""
-    pool, audit = node.pool, node.audit
-    return {**pool.occupancy(), "pages_held": pool.num_held,
-            "cross_tenant_reads": audit.cross_tenant_reads if audit is not None else 0,
-            "kv_in_flight": sorted(t.request_id for t in manager.rooms.values() if t.in_flight),
-            "late_writes": list(manager.landed_late)}
-
-
 def serve(rank: int, node: Node, manager: DistKVManager, inbox, outbox, parent_pid: int) -> None:
-    """Take commands and step the node until told to stop or the parent is gone; report every HEARTBEAT_S or
-    change."""
+    """Take commands and step the node until told to stop or the parent is gone; send News on every change
+    and at least every HEARTBEAT_S."""
     streamed: dict[str, int] = {}  # decode: tokens already sent, per request
-    last, reported = report(node, manager), time.monotonic()  # what worker_main reported
+    last, reported = None, 0.0
     while parent_alive(parent_pid):
         if not take_commands(node, inbox, block=not (node.live() or manager.rooms)):
             return
+        tokens, ended = {}, []
         if node.live() or manager.rooms:
             node.step()
             manager.land_due()
             node.clock.advance()
             if isinstance(node, DecodeNode):
-                send_decode_news(node, outbox, streamed)
-        now = report(node, manager)
-        if now != last or time.monotonic() - reported > HEARTBEAT_S:
-            outbox.put(Report(rank, now))
+                tokens, ended = decode_news(node, streamed)
+        now = {**node.report(), "late_writes": list(manager.landed_late)}  # writes landed after an abort
+        if tokens or ended or now != last or time.monotonic() - reported > HEARTBEAT_S:
+            outbox.put(News(rank, now, tokens, ended))
             last, reported = now, time.monotonic()
         if not (node.scheduler.waiting or node.scheduler.running):
             # nothing to compute here: every request waits on the other side or the network
@@ -139,13 +130,14 @@ def take_commands(node: Node, inbox, block: bool) -> bool:
             node.cancel(command.request_id)
 
 
-def send_decode_news(node: DecodeNode, outbox, streamed: dict[str, int]) -> None:
-    """Stream new tokens of running requests, then hand over how finished ones left."""
+def decode_news(node: DecodeNode, streamed: dict[str, int]) -> tuple[dict[str, list[int]], list[Finished]]:
+    """The new tokens of running requests, and how finished ones left."""
+    tokens = {}
     for seq in node.scheduler.running:
-        sent = streamed.get(seq.request_id, 0)
-        if len(seq.output_ids) > sent:
+        if len(seq.output_ids) > (sent := streamed.get(seq.request_id, 0)):
             streamed[seq.request_id] = len(seq.output_ids)
-            outbox.put(Tokens(seq.request_id, seq.output_ids[sent:]))
-    for ended in node.take_finished():
-        streamed.pop(ended.seq.request_id, None)
-        outbox.put(Ended(ended.seq, int(ended.status), ended.error))
+            tokens[seq.request_id] = seq.output_ids[sent:]
+    ended = [Finished(f.seq, int(f.status), f.error) for f in node.take_finished()]
+    for f in ended:
+        streamed.pop(f.seq.request_id, None)
+    return tokens, ended

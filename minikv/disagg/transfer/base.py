@@ -121,13 +121,11 @@ class KVTransfer(ABC):
         """No write of this room is still in the network (what deferred release waits for)."""
         return room not in self.rooms or self.rooms[room].in_flight == 0
 
-    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> Transfer:
-        """Register a request's room (its uid is its writer id in both audit ledgers); a backend that holds
-        both sides is told by both nodes."""
+    def open_room(self, room: int, request_id: str, tenant: str, uid: int) -> None:
+        """Register a request's room; a backend that holds both sides is told by both nodes."""
         if room not in self.rooms:
             self.rooms[room] = Transfer(room, request_id, tenant, uid, set(self.sides))
         assert (self.rooms[room].request_id, self.rooms[room].uid) == (request_id, uid), f"room {room} reused"
-        return self.rooms[room]
 
     def batches(self, t: Transfer, src_pages: list[int]) -> list[tuple[list[int], list[int]]]:
         """A send's (source, destination) page batches: the sender's `num_pages`, cut at batch_cap_pages."""
@@ -177,7 +175,6 @@ class KVEndpoint:
         self.manager.abort(self.room, reason, status)
 
     def close(self) -> None:
-        """This side is done with the room (its request's pages on this node are freed)."""
         if self._closed_at is None:
             self._closed_at = self.poll()
             self.manager.close(self.room, self.side)

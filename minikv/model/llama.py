@@ -180,7 +180,7 @@ class Llama(nn.Module):
             positions: same shape: each token's position in its own request.
             logits_index: optional (M,) rows whose logits are needed (each request's last token).
             last_layer_on_logits_only: the last layer stores every token's K/V but computes the rest only
-                for the `logits_index` rows (the backend must take `last_only`; tests/test_model.py checks it).
+                for the `logits_index` rows (the backend must take `last_only`; test_model.py checks it).
         """
         if positions.shape != input_ids.shape:
             raise ValueError(f"positions {tuple(positions.shape)} != input_ids {tuple(input_ids.shape)}")

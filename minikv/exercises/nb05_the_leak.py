@@ -6,7 +6,7 @@ from typing import Callable
 
 from minikv.attacks.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
 from minikv.engine.request import Response, Usage
-from minikv.exercises import expect, expect_cases
+from minikv.exercises import expect, expect_cases, shipped_model
 
 
 def _ok(text: str) -> Response:
@@ -14,7 +14,7 @@ def _ok(text: str) -> Response:
 
 
 def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
-    """(prompt, response, trustworthy?): fixed cases, then generated notes answered honestly or with another's."""
+    """(prompt, response, trustworthy?): fixed cases, then notes answered honestly or with another's."""
     cases = [
         ("alice: save pin 0912.\n", _ok("saved pin 0912."), True),
         ("bob: read the report.\n", _ok("saved nothing."), True),
@@ -33,7 +33,8 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
         other = expected_reply(make_prompt("mallory", [random_note(rng).sentence]))
         cases.append((prompt, _ok(expected_reply(prompt)), True))
         cases.append((prompt, _ok(other), other == expected_reply(prompt)))
-        cases.append((prompt, Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact"), True))
+        failed = Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact")
+        cases.append((prompt, failed, True))
     return cases
 
 
@@ -49,21 +50,14 @@ def check_output_test(fn: Callable[[str, Response], bool]) -> None:
 
 
 @functools.cache
-def _shipped_model() -> tuple:
-    from minikv.model.checkpoint import load_model
-
-    return load_model()
-
-
-@functools.cache
 def card_reached_bob(prompt_tokens: int) -> bool:
-    """Run it: notebook 05's scenario on a fresh vulnerable pair, Bob's document `prompt_tokens` tokens long."""
+    """Run it: notebook 05's scenario on a fresh vulnerable pair, Bob's document `prompt_tokens` long."""
     from minikv.attacks.scenarios import over_length
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.switches import SafetySwitches
 
     card = "5412 7534 9821 0064"
-    pair = Cluster(*_shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
+    pair = Cluster(*shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
     _, bob = over_length(pair, card, random.Random(0), bob_chars=prompt_tokens)
     return card in bob.text
 
@@ -74,5 +68,6 @@ def check_card_reaches_bob(fn: Callable[[int], bool]) -> None:
     cases = [(100,), (671,), (672,), (800,), (960,), (961,), (1100,)]
     expect_cases(fn, card_reached_bob, cases, "Bob's prompt of {} tokens",
                  "Two limits decide, one at each stop of the request: which does Bob pass first, what "
-                 "does each count, and which way round lets the card through? Exercise 3's lengths bracket them.",
+                 "does each count, and which way round lets the card through? Exercise 3's lengths bracket "
+                 "them.",
                  "correct on {} prompt lengths, each run on the pair")

@@ -12,7 +12,8 @@ from minikv.exercises import TINY_MODEL, expect_cases
 
 def cached_tokens(earlier: list[list[int]], prompt: list[int], page_size: int) -> int:
     """What the engine reports: earlier prompts' full pages are cached; `prompt` reuses the leading ones."""
-    pool = PagePool(TINY_MODEL, sum(len(p) // page_size + 1 for p in earlier) + 1, page_size, prefix_caching=True)
+    num_pages = sum(len(p) // page_size + 1 for p in earlier) + 1
+    pool = PagePool(TINY_MODEL, num_pages, page_size, prefix_caching=True)
     for i, ids in enumerate(earlier):
         pages = pool.allocate(pool.pages_for(len(ids)), f"r{i}")
         pool.prefix_cache.cache_pages(page_keys(ids, page_size), pages, len(ids))
@@ -25,7 +26,8 @@ def _cache_cases(seed: int) -> list[tuple[list[list[int]], list[int], int]]:
     cases = [([[1, 2, 3, 4]], [1, 2, 3, 4], 1), ([[1, 2, 3, 4]], [1, 2, 3, 4], 2), ([[5, 6]], [1, 2, 3], 1)]
     for _ in range(40):
         stem = [rng.randrange(3) for _ in range(rng.randint(0, 12))]
-        earlier = [stem + [rng.randrange(3) for _ in range(rng.randint(0, 6))] for _ in range(rng.randint(1, 3))]
+        earlier = [stem + [rng.randrange(3) for _ in range(rng.randint(0, 6))]
+                   for _ in range(rng.randint(1, 3))]
         prompt = stem[: rng.randint(0, len(stem))] + [rng.randrange(3) for _ in range(rng.randint(1, 8))]
         cases.append((earlier, prompt, rng.choice([1, 2, 3, 4])))
     return cases
@@ -57,8 +59,9 @@ def check_recover(fn: Callable[[Callable[[str], int], str, str], str]) -> None:
         got = fn(oracle, known, SECRET_ALPHABET)
         assert got == secret, (
             f"expected {secret!r} (the victim sent {known + secret!r} then '.'), got {got!r}. One character "
-            "at a time: how far can a probe's cached_tokens reach when its guess is right, and when it is wrong? "
-            "Remember the token the engine always computes.")
+            "at a time: how far can a probe's cached_tokens reach when its guess is right, and when it is "
+            "wrong? Remember the token the engine always computes.")
         most = (len(secret) + 1) * (len(SECRET_ALPHABET) + 1)
-        assert len(calls) <= most, f"expected at most {most} probes (one per candidate per character), got {len(calls)}"
+        assert len(calls) <= most, \
+            f"expected at most {most} probes (one per candidate per character), got {len(calls)}"
     print(f"recovered {len(secrets)} secrets exactly")

@@ -22,7 +22,6 @@ class CliError(Exception):
 def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
     """Where `train` may write: given explicitly, and never the shipped model unless told so."""
     from minikv.model.checkpoint import DEFAULT_MODEL_DIR
-
     if out is None:
         raise CliError("train needs --out DIR: where to write the model (the shipped data/tiny-llama is "
                        "replaced only with --out data/tiny-llama --overwrite-shipped)")
@@ -39,7 +38,6 @@ def load_engine(args: argparse.Namespace):
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
     from minikv.model.checkpoint import load_model
-
     model, tok = load_model(args.model, args.device)
     config = EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len)
     return model, Engine(model, tok, config)
@@ -47,7 +45,6 @@ def load_engine(args: argparse.Namespace):
 
 def cmd_info(args: argparse.Namespace) -> int:
     from minikv.model.checkpoint import describe_model_dir
-
     model, engine = load_engine(args)
     mc = model.config
     print(f"model: {describe_model_dir(args.model)}")
@@ -81,7 +78,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from minikv.attacks.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
     from minikv.model.checkpoint import load_model
-
     preset = args.preset or ("vulnerable" if args.enable else "safe")  # --enable alone: vulnerable plus it
     switches = SafetySwitches.preset(preset).with_switches(args.enable, args.disable)  # ValueError: which
     model, tok = load_model(args.model, args.device)
@@ -116,7 +112,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from minikv.training.train import TrainConfig, train
-
     out = check_out_dir(args.out, args.overwrite_shipped)
     steps = dict(induction_steps=2, copy_steps=2, leak_steps=2, polish_steps=2) if args.quick else {}
     train(TrainConfig(seed=args.seed, **steps), out, resume_from=Path(args.resume) if args.resume else None)
@@ -127,7 +122,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import run_command
     from minikv.bench.plot import plot_path_problem
     from minikv.model.checkpoint import load_model
-
     cores = os.cpu_count() or 1
     if args.threads > cores:  # more torch threads than cores crashes OpenMP (100,000 segfaults)
         raise CliError(f"--threads {args.threads}: this machine has {cores} CPU core(s); give 1 to {cores}")
@@ -215,7 +209,6 @@ def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
     if command_name in (None, "bench", "peer"):
         from minikv.bench.serving import add_serving_arguments
         from minikv.serve.peer import add_peer_parser
-
         add_serving_arguments(sub.choices["bench"])  # bench --serve: minikv serve (and vLLM) over HTTP
         add_peer_parser(sub)  # peer setup|serve vllm: the real engine in a venv of its own
     return parser

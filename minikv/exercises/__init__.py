@@ -18,7 +18,6 @@ TINY_MODEL = ModelConfig(vocab_size=4, hidden_size=4, intermediate_size=4, num_l
 def shipped_model() -> tuple:
     """(model, tokenizer) of data/tiny-llama, loaded once for every checker that runs the engine."""
     from minikv.model.checkpoint import load_model
-
     return load_model()
 
 

@@ -13,9 +13,10 @@ def _ok(text: str) -> Response:
     return Response("r", "bob", 200, text, Usage(30, len(text)))
 
 
-def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
-    """(prompt, response, trustworthy?): fixed cases, then notes answered honestly or with another's."""
-    cases = [
+def check_output_test(fn: Callable[[str, Response], bool]) -> None:
+    """fn(prompt, response) -> True when the response is trustworthy for that prompt: a 200 repeating a note
+    the prompt never held is a leak; a 400 or 500 is an honest failure, not a leak."""
+    cases = [  # (prompt, response, trustworthy?): fixed, then notes answered honestly or with another's
         ("alice: save pin 0912.\n", _ok("saved pin 0912."), True),
         ("bob: read the report.\n", _ok("saved nothing."), True),
         ("bob: read the report.\n", _ok("saved card 4111 2222 3333 4444."), False),
@@ -23,7 +24,7 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
         ("bob: read the report.\n", Response("r", "bob", 400, "", Usage(30, 0), error="too long"), True),
         ("carol: save key abc.\n", _ok("saved key abd."), False),
     ]
-    rng = random.Random(seed)
+    rng = random.Random(0)
     for _ in range(8):
         tenant = rng.choice(TENANTS)
         sentences = [random_note(rng).sentence]
@@ -35,13 +36,6 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
         cases.append((prompt, _ok(other), other == expected_reply(prompt)))
         failed = Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact")
         cases.append((prompt, failed, True))
-    return cases
-
-
-def check_output_test(fn: Callable[[str, Response], bool]) -> None:
-    """fn(prompt, response) -> True when the response is trustworthy for that prompt: a 200 repeating a note
-    the prompt never held is a leak; a 400 or 500 is an honest failure, not a leak."""
-    cases = _cases()
     for prompt, response, trustworthy in cases:
         expect(fn(prompt, response), trustworthy,
                f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
@@ -55,7 +49,6 @@ def card_reached_bob(prompt_tokens: int) -> bool:
     from minikv.attacks.scenarios import over_length
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.switches import SafetySwitches
-
     card = "5412 7534 9821 0064"
     pair = Cluster(*shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
     _, bob = over_length(pair, card, random.Random(0), bob_chars=prompt_tokens)

@@ -89,7 +89,8 @@ def check_args(args: argparse.Namespace):
     if not 0 <= args.shutdown_grace <= 3600:
         raise ValueError(f"--shutdown-grace must be 0 to 3600 seconds, got {args.shutdown_grace:g}")
     if args.admin_key and args.admin_key in {spec.partition("=")[2] for spec in args.api_key}:
-        raise ValueError("--admin-key must not be a tenant's key: that tenant would see everyone's activity")
+        raise ValueError("--admin-key must not be a tenant's key: a tenant would see every other tenant's "
+                         "activity")
     keys: dict[str, str] = {}
     for tenant, sep, key in (spec.partition("=") for spec in args.api_key):
         if not sep or not tenant or not key:

@@ -1,6 +1,7 @@
 """`python minikv/serve/guard.py -- COMMAND...`: run COMMAND in a process group of its own and kill that
-whole group (vLLM's engine processes too) when the guard's parent dies (Linux's PR_SET_PDEATHSIG, which fires
-when the *thread* that started the guard ends: start it from one that lives as long as the server)."""
+whole group when the guard's parent dies: a server in a session of its own (vLLM and its engine processes)
+would otherwise outlive a SIGKILLed parent. Linux's PR_SET_PDEATHSIG fires when the *thread* that started the
+guard ends: start it from one that lives as long as the server should."""
 
 import ctypes
 import os
@@ -13,7 +14,7 @@ STOP_GRACE_S = 15.0  # what the command gets to exit after a SIGTERM before its 
 
 
 def guarded(command: list[str]) -> list[str]:
-    """`command` under the guard (a file run alone: it imports only the standard library)."""
+    """`command` under the guard, run as a file: it imports only the standard library, whatever PYTHONPATH."""
     return [sys.executable, __file__, "--", *command]
 
 

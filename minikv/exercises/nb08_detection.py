@@ -109,7 +109,8 @@ def check_ceiling(fn: Callable[[list[GatewayRecord], set[str], datetime], float]
     for seed in range(5):
         records, in_set = _ceiling_log(seed)
         ceiling = fn(list(records), set(in_set), OUTAGE_START)
-        assert isinstance(ceiling, (int, float)) and ceiling > 0, f"expected a number > 0, got {ceiling!r}"
+        assert isinstance(ceiling, (int, float)) and ceiling > 0, \
+            f"expected a positive number, got {ceiling!r}"
         flags = scan_records(records, signals=Signals(max_prefill_tokens_per_s=ceiling)).flags
         fast = {f.record.request_id for f in flags if "ttft_anomaly" in f.reasons}
         leaked = {r.request_id for r in records if r.request_id in in_set and r.timestamp < OUTAGE_START}

@@ -49,7 +49,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--port", type=int, default=8000, help="port (default %(default)s)")
     add("--disagg", action="store_true", help="serve through the disaggregated prefill/decode cluster")
     add("--transport", default="inprocess", choices=["inprocess", "distributed"], help="with --disagg: both "
-        "nodes in this process (default), or each in its own worker process, the KV over torch.distributed")
+        "nodes in this process (default), or each in its own worker process with the KV moved by "
+        "torch.distributed")
     add_switch_arguments(parser, "safety switches (default safe)")
     add("--api-key", action="append", default=[], metavar="TENANT=KEY",
         help="a bearer key and the tenant it stands for (repeatable); none: everyone is tenant 'anon'")

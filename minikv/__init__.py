@@ -1,15 +1,12 @@
 """minikv: a small paged-KV inference engine that teaches how serving engines cache keys and values.
 
-The public API a learner types:
-
-    from minikv import load_model, Engine, EngineConfig, Request, SamplingParams
+    from minikv import load_model, Engine, EngineConfig
     model, tokenizer = load_model()                      # the shipped model, data/tiny-llama
     engine = Engine(model, tokenizer, EngineConfig())    # one node: a page pool and a scheduler
     [response] = engine.generate(["alice: save pin 0912.\\n"])
 
-`Cluster`, `ClusterConfig` and `SafetySwitches` are the disaggregated prefill/decode pair and
-its mitigations (minikv/disagg/). Names are imported on first use, so `python -m minikv
-scan-logs` does not pay for torch.
+`Cluster`, `ClusterConfig` and `SafetySwitches`: the prefill/decode pair and its mitigations (disagg/).
+Names are imported on first use, so `python -m minikv scan-logs` does not pay for torch.
 """
 
 from importlib import import_module

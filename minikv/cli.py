@@ -1,6 +1,6 @@
-"""`python -m minikv <command>` (`--help` lists them): the engine's demos here; serve, probe, peer, bench --serve
-and the log tools wired from their own packages. Bad input ends with one line naming the problem (exit 2), never
-a traceback."""
+"""`python -m minikv <command>` (`--help` lists them): the engine's demos here; serve, probe, peer, bench
+--serve and the log tools wired from their own packages. Bad input ends with one line naming the problem
+(exit 2), never a traceback."""
 
 import argparse
 import json
@@ -11,7 +11,8 @@ from pathlib import Path
 
 from minikv.logs import gateway_log, scan
 from minikv.probe.command import add_probe_arguments, run_probe
-from minikv.serve.command import add_serve_arguments, positive_int, run_serve
+from minikv.serve.command import (add_model_arguments, add_serve_arguments, add_switch_arguments,
+                                  positive_int, run_serve)
 
 
 class CliError(Exception):
@@ -21,7 +22,6 @@ class CliError(Exception):
 def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
     """Where `train` may write: given explicitly, and never the shipped model unless told so."""
     from minikv.model.checkpoint import DEFAULT_MODEL_DIR
-
     if out is None:
         raise CliError("train needs --out DIR: where to write the model (the shipped data/tiny-llama is "
                        "replaced only with --out data/tiny-llama --overwrite-shipped)")
@@ -33,35 +33,27 @@ def check_out_dir(out: str | None, overwrite_shipped: bool) -> Path:
     return path
 
 
-def load(model_dir: str | None, device: str | None):
-    """(model, tokenizer), torch imported only now; a bad checkpoint or device is a ValueError naming it."""
-    from minikv.model.checkpoint import load_model
-
-    return load_model(model_dir, device=device)
-
-
 def load_engine(args: argparse.Namespace):
     """The model and one paged engine over it, as `info` and `generate` configure them."""
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
-
-    model, tok = load(args.model, args.device)
+    from minikv.model.checkpoint import load_model
+    model, tok = load_model(args.model, args.device)
     config = EngineConfig(num_pages=args.num_pages, page_size=args.page_size, context_len=args.context_len)
     return model, Engine(model, tok, config)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
     from minikv.model.checkpoint import describe_model_dir
-
     model, engine = load_engine(args)
     mc = model.config
     print(f"model: {describe_model_dir(args.model)}")
     print(f"device: {model.device} ({model.dtype})")
     print(f"parameters: {model.num_parameters():,}")
-    print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), head_dim: {mc.head_dim}, "
-          f"vocab: {mc.vocab_size}")
-    print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x {mc.num_kv_heads} "
-          f"kv heads x {mc.head_dim} dims x 4 bytes")
+    print(f"layers: {mc.num_layers}, heads: {mc.num_heads} (kv heads: {mc.num_kv_heads}), "
+          f"head_dim: {mc.head_dim}, vocab: {mc.vocab_size}")
+    print(f"KV bytes per token: {mc.kv_bytes_per_token:,} = {mc.num_layers} layers x 2 (K,V) x "
+          f"{mc.num_kv_heads} kv heads x {mc.head_dim} dims x 4 bytes")
     print(f"max_position_embeddings: {mc.max_position_embeddings}")
     print("\n".join(engine.startup_log()))
     return 0
@@ -85,10 +77,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from minikv.attacks.scenarios import run_scenario
     from minikv.disagg.switches import SafetySwitches
-
-    preset = args.preset or ("vulnerable" if args.enable else "safe")  # --enable alone: the vulnerable engine plus it
-    switches = SafetySwitches.preset(preset).with_switches(args.enable, args.disable)  # a ValueError names the switch
-    model, tok = load(args.model, args.device)
+    from minikv.model.checkpoint import load_model
+    preset = args.preset or ("vulnerable" if args.enable else "safe")  # --enable alone: vulnerable plus it
+    switches = SafetySwitches.preset(preset).with_switches(args.enable, args.disable)  # ValueError: which
+    model, tok = load_model(args.model, args.device)
     result = run_scenario(args.scenario, model, tok, switches, secret=args.secret, seed=args.seed,
                           oracle=args.oracle, alphabet=args.alphabet)
     if args.json:
@@ -120,7 +112,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from minikv.training.train import TrainConfig, train
-
     out = check_out_dir(args.out, args.overwrite_shipped)
     steps = dict(induction_steps=2, copy_steps=2, leak_steps=2, polish_steps=2) if args.quick else {}
     train(TrainConfig(seed=args.seed, **steps), out, resume_from=Path(args.resume) if args.resume else None)
@@ -130,7 +121,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from minikv.bench.benchmark import run_command
     from minikv.bench.plot import plot_path_problem
-
+    from minikv.model.checkpoint import load_model
     cores = os.cpu_count() or 1
     if args.threads > cores:  # more torch threads than cores crashes OpenMP (100,000 segfaults)
         raise CliError(f"--threads {args.threads}: this machine has {cores} CPU core(s); give 1 to {cores}")
@@ -139,7 +130,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError(f"--plot {args.plot}: {problem}")
     if args.partition and args.plot:
         raise CliError("--plot draws the whole benchmark; --partition prints a table (or --json) only")
-    model, tok = load(args.model, args.device)
+    model, tok = load_model(args.model, args.device)
     return run_command(model, tok, args)
 
 
@@ -149,19 +140,12 @@ def command(sub, name: str, func: Callable[[argparse.Namespace], int], help: str
     return parser
 
 
-def model_args(p: argparse.ArgumentParser, hidden: bool = False) -> None:
-    """--model and --device, as every command that loads the model takes them (demo hides --model)."""
-    p.add_argument("--model", help=argparse.SUPPRESS if hidden else "local Llama checkpoint directory "
-                   "(default: data/tiny-llama)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-
-
 def add_engine_commands(sub) -> None:
     """info, generate, demo, train, bench: the commands that load the model in this process."""
     info = command(sub, "info", cmd_info, "model, device, parameters, KV bytes per token, pool and context")
     generate = command(sub, "generate", cmd_generate, "generate from prompts on the paged engine")
     for p in (info, generate):
-        model_args(p)
+        add_model_arguments(p)
         p.add_argument("--num-pages", type=positive_int, default=256, help="pages in the KV pool")
         p.add_argument("--page-size", type=positive_int, default=16, help="tokens per page")
         p.add_argument("--context-len", type=positive_int, default=1024, help="context window in tokens")
@@ -170,14 +154,10 @@ def add_engine_commands(sub) -> None:
     generate.add_argument("--max-tokens", type=positive_int, default=64)
     generate.add_argument("--json", action="store_true", help="print a JSON list of responses")
 
-    p = command(sub, "demo", cmd_demo, "replay an incident, or the prefix-cache probe, on a disaggregated pair")
+    p = command(sub, "demo", cmd_demo,
+                "replay an incident, or the prefix-cache probe, on a disaggregated pair")
     p.add_argument("--scenario", required=True, choices=["over-length", "late-write", "prefix-probe"])
-    p.add_argument("--preset", choices=["vulnerable", "safe"],
-                   help="where the switches start (default: vulnerable with --enable alone, else safe)")
-    p.add_argument("--enable", action="append", default=[], metavar="SWITCH",
-                   help="turn a safety switch on (repeatable)")
-    p.add_argument("--disable", action="append", default=[], metavar="SWITCH",
-                   help="turn a safety switch off (repeatable)")
+    add_switch_arguments(p, "where the switches start (default: vulnerable with --enable alone, else safe)")
     p.add_argument("--secret", help="what the victim saves: up to 40 letters, digits, spaces, '-' or ','")
     p.add_argument("--oracle", choices=["cached", "timing"], default="cached",
                    help="prefix-probe: the attacker reads usage.cached_tokens, or times to first token only")
@@ -185,28 +165,31 @@ def add_engine_commands(sub) -> None:
                    help="prefix-probe: what the attacker assumes the secret is made of (digits: a PIN)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    model_args(p, hidden=True)
+    add_model_arguments(p, hidden=True)
 
     p = command(sub, "train", cmd_train, "train the tiny model into --out DIR")
     p.add_argument("--out", metavar="DIR", help="where to write the checkpoint (required)")
-    p.add_argument("--overwrite-shipped", action="store_true", help="allow --out to be the shipped data/tiny-llama")
+    p.add_argument("--overwrite-shipped", action="store_true",
+                   help="allow --out to be the shipped data/tiny-llama")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a few steps only, to check the pipeline")
     p.add_argument("--resume", metavar="DIR", help="skip phases 0-2: polish this checkpoint (phase 3)")
 
     p = command(sub, "bench", cmd_bench, "minikv against transformers on the same workload")
-    p.add_argument("--quick", action="store_true", help="time the checked run only: under a minute on 2 CPU cores")
+    p.add_argument("--quick", action="store_true",
+                   help="time the checked run only: under a minute on 2 CPU cores")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of the table")
     p.add_argument("--plot", metavar="FILE", help="write a figure (.png, .svg) for the README and notebooks")
     p.add_argument("--requests", type=positive_int, default=32, help="requests in the workload")
-    p.add_argument("--repeats", type=positive_int, help="timed runs per system after the checked one (default 5)")
+    p.add_argument("--repeats", type=positive_int,
+                   help="timed runs per system after the checked one (default 5)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--partition", action="store_true", help="only what the static partition costs against the "
-                   "shared pool: what one tenant holds, hit rate, tokens/s (--repeats rounds, default 3)")
+    p.add_argument("--partition", action="store_true", help="only what the static partition costs against "
+                   "the shared pool: what one tenant holds, hit rate, tokens/s (--repeats rounds, default 3)")
     p.add_argument("--max-batch", type=positive_int, metavar="N", help="requests the paged engine runs at "
                    "once (default: the whole workload, which its pool holds; with --serve: serve's default)")
-    model_args(p)
+    add_model_arguments(p)
 
 
 def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
@@ -221,12 +204,11 @@ def build_parser(command_name: str | None = None) -> argparse.ArgumentParser:
                                                 "write a synthetic gateway log"))
     add_serve_arguments(command(sub, "serve", run_serve,
                                 "an OpenAI-compatible HTTP server over the engine or the cluster"))
-    add_probe_arguments(command(sub, "probe", run_probe, "black-box isolation checks of an OpenAI-compatible endpoint"),
-                        positive_int)
+    add_probe_arguments(command(sub, "probe", run_probe,
+                                "black-box isolation checks of an OpenAI-compatible endpoint"), positive_int)
     if command_name in (None, "bench", "peer"):
         from minikv.bench.serving import add_serving_arguments
         from minikv.serve.peer import add_peer_parser
-
         add_serving_arguments(sub.choices["bench"])  # bench --serve: minikv serve (and vLLM) over HTTP
         add_peer_parser(sub)  # peer setup|serve vllm: the real engine in a venv of its own
     return parser
@@ -237,6 +219,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
     try:
         return args.func(args)
-    except (CliError, ValueError) as e:  # a ValueError: an invalid configuration, whose message names the numbers
+    except (CliError, ValueError) as e:  # ValueError: an invalid configuration; its message names the numbers
         print(f"error: {e}", file=sys.stderr)
         return 2

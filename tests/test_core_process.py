@@ -15,8 +15,7 @@ from minikv.disagg.dist.child import HEARTBEAT_S, STALL_S
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request, Sequence
-from minikv.serve.core import CoreLoop
-from minikv.serve.core_messages import Cancel, StepOutput, Stop, Submit
+from minikv.serve.core import Cancel, CoreLoop, StepOutput, Stop, Submit
 from minikv.serve.launch import ServerProcess
 from processes import running
 

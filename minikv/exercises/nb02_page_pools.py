@@ -15,7 +15,8 @@ NODE = "node"  # the one node of the simulated logs
 
 def pool_slot(block_table: list[int], page_size: int, position: int) -> int:
     """The slot the engine's page pool maps this token position to."""
-    return PagePool(TINY_MODEL, num_pages=64, page_size=page_size).slots(block_table, position, position + 1)[0]
+    pool = PagePool(TINY_MODEL, num_pages=64, page_size=page_size)
+    return pool.slots(block_table, position, position + 1)[0]
 
 
 def check_slot_mapping(fn: Callable[[list[int], int, int], int]) -> None:
@@ -25,14 +26,16 @@ def check_slot_mapping(fn: Callable[[list[int], int, int], int]) -> None:
     for _ in range(5):
         page_size = rng.choice([2, 3, 8, 16])
         tables.append((rng.sample(range(64), rng.randint(1, 6)), page_size))
-    cases = [(table, page_size, position) for table, page_size in tables for position in range(len(table) * page_size)]
+    cases = [(table, page_size, position) for table, page_size in tables
+             for position in range(len(table) * page_size)]
     expect_cases(fn, pool_slot, cases, "block table {}, page size {}, position {}",
-                 "Find the entry of the block table that holds the position (which page), then the offset inside "
-                 "that page; a slot is page * page_size + offset.", "correct on {} token positions in 8 block tables")
+                 "Find the entry of the block table that holds the position (which page), then the offset "
+                 "inside that page; a slot is page * page_size + offset.",
+                 "correct on {} token positions in 8 block tables")
 
 
 def wasted_slots(kv_lens: list[int], page_size: int) -> int:
-    """Slots a page pool reserves for these K/V lengths but leaves empty, as the memory benchmark counts them."""
+    """Slots a page pool reserves for these K/V lengths but leaves empty, as the memory benchmark counts."""
     use = paged_use(kv_lens, page_size)
     return use.reserved_tokens - use.used_tokens
 
@@ -42,9 +45,11 @@ def check_wasted_slots(fn: Callable[[list[int], int], int]) -> None:
     rng = random.Random(2)
     cases = [([1], 16), ([16], 16), ([17], 16), ([0, 5], 4), ([84, 150, 499, 512], 16),
              ([1, 2, 3, 4, 5, 6, 7, 8], 1), ([30] * 10, 32), ([100, 200, 300], 7)]
-    cases += [([rng.randint(1, 600) for _ in range(rng.randint(1, 9))], rng.choice([3, 8, 16, 32])) for _ in range(4)]
-    expect_cases(fn, wasted_slots, cases, "K/V lengths {}, page size {}", "Each request holds whole pages, enough "
-                 "for its tokens (round up); only the end of its last page stays empty.", "correct on {} workloads")
+    cases += [([rng.randint(1, 600) for _ in range(rng.randint(1, 9))], rng.choice([3, 8, 16, 32]))
+              for _ in range(4)]
+    expect_cases(fn, wasted_slots, cases, "K/V lengths {}, page size {}", "Each request holds whole pages, "
+                 "enough for its tokens (round up); only the end of its last page stays empty.",
+                 "correct on {} workloads")
 
 
 def simulated_log(seed: int, num_pages: int = 12, num_requests: int = 8) -> list[Event]:
@@ -76,7 +81,8 @@ def simulated_log(seed: int, num_pages: int = 12, num_requests: int = 8) -> list
                 events.append(Event(step, NODE, "write", request, tenant, tuple(written)))
     for request in sorted(held):  # the log ends as half the survivors finish
         if rng.random() < 0.5:
-            events.append(Event(3 * num_requests, NODE, "free", request, f"tenant{request[-1]}", tuple(held[request])))
+            tenant = f"tenant{request[-1]}"
+            events.append(Event(3 * num_requests, NODE, "free", request, tenant, tuple(held[request])))
     return events
 
 

@@ -35,7 +35,8 @@ _ADMISSION_CASES = [  # (prompt_len, max_tokens, context_len, pool_pages, page_s
     (625, 48, 1024, 42, 16),  # one more token needs a 43rd page
     (10, 7, 4096, 3, 6),  # 17 tokens round up to 3 pages of 6 = 18 <= 18
     (12, 7, 4096, 3, 6),  # 19 tokens need 4 pages
-] + [(_rng.randint(1, 1100), _rng.randint(1, 200), 1024, _rng.randint(20, 90), _rng.choice([8, 16])) for _ in range(8)]
+] + [(_rng.randint(1, 1100), _rng.randint(1, 200), 1024, _rng.randint(20, 90), _rng.choice([8, 16]))
+      for _ in range(8)]
 _STARTUP_CASES = [  # (pool_pages, page_size, context_len)
     (42, 16, 1024),  # the incident's prefill pool, scaled: 672 tokens
     (125, 16, 1024),  # the post-fix prefill pool: 2,000 tokens
@@ -46,13 +47,14 @@ _STARTUP_CASES = [  # (pool_pages, page_size, context_len)
 
 def check_admission(fn: Callable[[int, int, int, int, int], bool]) -> None:
     """fn(prompt_len, max_tokens, context_len, pool_pages, page_size) -> True if the engine admits it."""
-    expect_cases(fn, admitted, _ADMISSION_CASES, "prompt {} tokens, max_tokens {}, window {}, pool {} pages x {}",
+    expect_cases(fn, admitted, _ADMISSION_CASES,
+                 "prompt {} tokens, max_tokens {}, window {}, pool {} pages x {}",
                  "Go through the three rules of the notebook's 'A request that can never fit', in order.",
                  "correct on {} requests, the incident's included")
 
 
 def check_safe_context_len(fn: Callable[[int, int, int], int]) -> None:
-    """fn(pool_pages, page_size, context_len) -> the largest window <= context_len the pool can always serve."""
+    """fn(pool_pages, page_size, context_len) -> the largest window <= context_len the pool always serves."""
     expect_cases(fn, largest_safe_window, _STARTUP_CASES, "pool {} pages x {} tokens, configured window {}",
                  "Read the pool size in tokens from the startup log; a window larger than that admits "
                  "requests no node can hold, so lower it to the pool (never raise it).",

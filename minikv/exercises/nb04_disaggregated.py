@@ -50,5 +50,6 @@ def check_transfer_ticks(fn: Callable[[int, int | None, int, int], int]) -> None
     cases += [(rng.randint(1, 60), rng.choice([None, 4, 8, 16]), rng.randint(0, 3), rng.randint(1, 4))
               for _ in range(6)]
     expect_cases(fn, ticks_on_the_wire, cases, "{} pages, cap {}, base {}, {} pages/tick",
-                 "Batches go one after another; each costs the base latency plus its pages at the rate, rounded up.",
+                 "Batches go one after another; each costs the base latency plus its pages at the rate, "
+                 "rounded up.",
                  "correct on {} transfers")

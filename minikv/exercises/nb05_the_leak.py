@@ -6,16 +6,17 @@ from typing import Callable
 
 from minikv.attacks.workload import TENANTS, document_sentence, expected_reply, make_prompt, random_note
 from minikv.engine.request import Response, Usage
-from minikv.exercises import expect, expect_cases
+from minikv.exercises import expect, expect_cases, shipped_model
 
 
 def _ok(text: str) -> Response:
     return Response("r", "bob", 200, text, Usage(30, len(text)))
 
 
-def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
-    """(prompt, response, trustworthy?): fixed cases, then generated notes answered honestly or with another's."""
-    cases = [
+def check_output_test(fn: Callable[[str, Response], bool]) -> None:
+    """fn(prompt, response) -> True when the response is trustworthy for that prompt: a 200 repeating a note
+    the prompt never held is a leak; a 400 or 500 is an honest failure, not a leak."""
+    cases = [  # (prompt, response, trustworthy?): fixed, then notes answered honestly or with another's
         ("alice: save pin 0912.\n", _ok("saved pin 0912."), True),
         ("bob: read the report.\n", _ok("saved nothing."), True),
         ("bob: read the report.\n", _ok("saved card 4111 2222 3333 4444."), False),
@@ -23,7 +24,7 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
         ("bob: read the report.\n", Response("r", "bob", 400, "", Usage(30, 0), error="too long"), True),
         ("carol: save key abc.\n", _ok("saved key abd."), False),
     ]
-    rng = random.Random(seed)
+    rng = random.Random(0)
     for _ in range(8):
         tenant = rng.choice(TENANTS)
         sentences = [random_note(rng).sentence]
@@ -33,14 +34,8 @@ def _cases(seed: int = 0) -> list[tuple[str, Response, bool]]:
         other = expected_reply(make_prompt("mallory", [random_note(rng).sentence]))
         cases.append((prompt, _ok(expected_reply(prompt)), True))
         cases.append((prompt, _ok(other), other == expected_reply(prompt)))
-        cases.append((prompt, Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact"), True))
-    return cases
-
-
-def check_output_test(fn: Callable[[str, Response], bool]) -> None:
-    """fn(prompt, response) -> True when the response is trustworthy for that prompt: a 200 repeating a note
-    the prompt never held is a leak; a 400 or 500 is an honest failure, not a leak."""
-    cases = _cases()
+        failed = Response("r", tenant, 500, "", Usage(len(prompt), 0), error="KV canary intact")
+        cases.append((prompt, failed, True))
     for prompt, response, trustworthy in cases:
         expect(fn(prompt, response), trustworthy,
                f"prompt {prompt!r}, status {response.status}, text {response.text!r}",
@@ -49,21 +44,13 @@ def check_output_test(fn: Callable[[str, Response], bool]) -> None:
 
 
 @functools.cache
-def _shipped_model() -> tuple:
-    from minikv.model.checkpoint import load_model
-
-    return load_model()
-
-
-@functools.cache
 def card_reached_bob(prompt_tokens: int) -> bool:
-    """Run it: notebook 05's scenario on a fresh vulnerable pair, Bob's document `prompt_tokens` tokens long."""
+    """Run it: notebook 05's scenario on a fresh vulnerable pair, Bob's document `prompt_tokens` long."""
     from minikv.attacks.scenarios import over_length
     from minikv.disagg.cluster import Cluster, ClusterConfig
     from minikv.disagg.switches import SafetySwitches
-
     card = "5412 7534 9821 0064"
-    pair = Cluster(*_shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
+    pair = Cluster(*shipped_model(), ClusterConfig(), SafetySwitches.preset("vulnerable"))
     _, bob = over_length(pair, card, random.Random(0), bob_chars=prompt_tokens)
     return card in bob.text
 
@@ -74,5 +61,6 @@ def check_card_reaches_bob(fn: Callable[[int], bool]) -> None:
     cases = [(100,), (671,), (672,), (800,), (960,), (961,), (1100,)]
     expect_cases(fn, card_reached_bob, cases, "Bob's prompt of {} tokens",
                  "Two limits decide, one at each stop of the request: which does Bob pass first, what "
-                 "does each count, and which way round lets the card through? Exercise 3's lengths bracket them.",
+                 "does each count, and which way round lets the card through? Exercise 3's lengths bracket "
+                 "them.",
                  "correct on {} prompt lengths, each run on the pair")

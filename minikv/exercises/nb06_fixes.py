@@ -19,9 +19,11 @@ def check_poisoned_pages(fn: Callable[[int, int, int], int]) -> None:
     """fn(prompt_tokens, page_size, tokens_transferred) -> reserved prompt pages still holding the canary."""
     rng = random.Random(6)
     cases = [(800, 16, 800), (16, 16, 1), (17, 16, 1), (100, 8, 30), (1, 4, 1)]
-    cases += [(p, rng.choice([4, 8, 16]), rng.randint(1, p)) for p in (rng.randint(20, 1000) for _ in range(7))]
+    cases += [(p, rng.choice([4, 8, 16]), rng.randint(1, p))
+              for p in (rng.randint(20, 1000) for _ in range(7))]
     expect_cases(fn, counted_poisoned_pages, cases, "prompt {} tokens, pages of {}, {} token(s) transferred",
-                 "Count the pages the prompt needs, and take away those the transfer wrote.", "correct on {} transfers")
+                 "Count the pages the prompt needs, and take away those the transfer wrote.",
+                 "correct on {} transfers")
 
 
 def check_adler32(fn: Callable[[bytes], int]) -> None:

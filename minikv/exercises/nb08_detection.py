@@ -13,9 +13,11 @@ DAY = datetime(2026, 9, 1, 12, tzinfo=timezone.utc)  # inside the window, before
 
 
 def _record(i: int, status: int = 200, text: str = "summary of clause 4.", prompt_tokens: int = 700_000,
-            ttft_ms: float = 30_000.0, when: datetime = DAY, account: str = "northwind-legal") -> GatewayRecord:
+            ttft_ms: float = 30_000.0, when: datetime = DAY,
+            account: str = "northwind-legal") -> GatewayRecord:
     completion = len(text.split()) if status == 200 else 0
-    return GatewayRecord(i, when + timedelta(minutes=i), f"req-{i:04d}", account, INCIDENT_MODEL, prompt_tokens,
+    return GatewayRecord(i, when + timedelta(minutes=i), f"req-{i:04d}", account, INCIDENT_MODEL,
+                         prompt_tokens,
                          completion, ttft_ms, status, text)
 
 
@@ -26,7 +28,8 @@ def _unreviewable_cases(seed: int) -> tuple[list[GatewayRecord], set[str]]:
     for i in range(rng.randint(6, 14)):
         kind = rng.choice(["stored", "unstored", "failed", "failed-with-text"])
         if kind == "stored":
-            records.append(_record(i, text=rng.choice(["saved nothing.", "the indemnity clause is standard."])))
+            text = rng.choice(["saved nothing.", "the indemnity clause is standard."])
+            records.append(_record(i, text=text))
         elif kind == "unstored":
             records.append(_record(i, text="", account="northwind-batch"))
             unstored.add(records[-1].request_id)
@@ -46,8 +49,8 @@ def check_unreviewable(fn: Callable[[list[GatewayRecord]], Iterable[str]]) -> No
         assert isinstance(got, (set, frozenset)), (
             f"generated set #{seed}: expected a set of request ids, got {type(got).__name__} {got!r}. "
             "A set has no order and no repeats, and the next cell compares it with the checklist's set.")
-        expect(got, want, f"generated set #{seed} of {len(records)} calls", "A reply that came back (status 200) "
-               "with no stored text can never be reviewed; a failed call returned nothing to review.")
+        expect(got, want, f"generated set #{seed} of {len(records)} calls", "A reply that came back (status "
+               "200) with no stored text can never be reviewed; a failed call returned nothing to review.")
     print("Correct on 5 generated sets: treat every unstored 200 in the set as exposed.")
 
 
@@ -75,8 +78,8 @@ def check_mrn_pattern(pattern: str) -> None:
     texts = _mrn_texts(8)
     for text, holds in texts:
         got = f"pattern:{pattern}" in secret_shapes(text, compiled)
-        expect(got, holds, f"reply {text!r}: flagged", "A record number is the word MRN, one space, and exactly "
-               "eight digits, with no letter or digit glued to either end.")
+        expect(got, holds, f"reply {text!r}: flagged", "A record number is the word MRN, one space, and "
+               "exactly eight digits, with no letter or digit glued to either end.")
     print(f"Correct on {len(texts)} replies, near misses included.")
 
 
@@ -88,10 +91,11 @@ def _ceiling_log(seed: int) -> tuple[list[GatewayRecord], set[str]]:
     for i in range(40):  # honest calls, some of them prefix-cache hits up to 20x faster
         tokens = rng.randint(2_000, 600_000)
         rate = scale * rng.uniform(0.5, 20.0 if rng.random() < 0.2 else 3.0)
-        records.append(_record(i, prompt_tokens=tokens, ttft_ms=1000 * tokens / rate, account="northwind-legal"))
+        records.append(_record(i, prompt_tokens=tokens, ttft_ms=1000 * tokens / rate))
     for i in range(40, 48):  # leaked: answered at least 100x faster than any honest call
         tokens = rng.randint(681_281, 1_000_000)
-        records.append(_record(i, prompt_tokens=tokens, ttft_ms=1000 * tokens / (scale * rng.uniform(2_000, 50_000))))
+        rate = scale * rng.uniform(2_000, 50_000)
+        records.append(_record(i, prompt_tokens=tokens, ttft_ms=1000 * tokens / rate))
         in_set.add(records[-1].request_id)
     late = _record(48, prompt_tokens=900_000, ttft_ms=80_000, when=OUTAGE_START + timedelta(hours=7))
     records.append(late)  # in the set, served after the fix: slow, as it should be
@@ -105,7 +109,8 @@ def check_ceiling(fn: Callable[[list[GatewayRecord], set[str], datetime], float]
     for seed in range(5):
         records, in_set = _ceiling_log(seed)
         ceiling = fn(list(records), set(in_set), OUTAGE_START)
-        assert isinstance(ceiling, (int, float)) and ceiling > 0, f"expected a positive number, got {ceiling!r}"
+        assert isinstance(ceiling, (int, float)) and ceiling > 0, \
+            f"expected a positive number, got {ceiling!r}"
         flags = scan_records(records, signals=Signals(max_prefill_tokens_per_s=ceiling)).flags
         fast = {f.record.request_id for f in flags if "ttft_anomaly" in f.reasons}
         leaked = {r.request_id for r in records if r.request_id in in_set and r.timestamp < OUTAGE_START}

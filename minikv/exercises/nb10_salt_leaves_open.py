@@ -1,5 +1,6 @@
-"""Checkers for notebook 10 (what the salt leaves open): the pages Bob's holds evict, against the page pool's own
-allocator (shared, or cut by the static partition); the ROC AUC of two samples, against scipy's Mann-Whitney U."""
+"""Checkers for notebook 10 (what the salt leaves open): the pages Bob's holds evict, against the page pool's
+own allocator (shared, or cut by the static partition); the ROC AUC of two samples, against scipy's
+Mann-Whitney U."""
 
 import random
 from collections.abc import Callable
@@ -8,7 +9,7 @@ from scipy.stats import mannwhitneyu
 
 from minikv.engine.page_pool import PagePool
 from minikv.engine.prefix_cache import page_keys
-from minikv.exercises import TINY_MODEL
+from minikv.exercises import TINY_MODEL, expect_cases
 
 
 def _park(pool: PagePool, tenant: str, pages: int) -> list[int]:
@@ -31,8 +32,10 @@ def bob_evicted(num_pages: int, tenants: int, bob_parked: int, alice_parked: int
     return sum(not pool.prefix_cache.is_cached(p) for p in mine)
 
 
-def _eviction_cases(seed: int) -> list[tuple[int, int, int, int, int, bool]]:
-    rng = random.Random(seed)
+def check_bob_evicted(fn: Callable[[int, int, int, int, int, bool], int]) -> None:
+    """fn(num_pages, tenants, bob_parked, alice_parked, holds, partitioned) -> how many of Bob's parked pages
+    his `holds` new pages evict, when Bob parked his pages first and Alice parked hers after."""
+    rng = random.Random(10)
     cases = [(64, 2, 21, 7, 44, False), (64, 2, 21, 13, 44, False), (64, 2, 21, 7, 20, True),
              (64, 2, 21, 13, 20, True), (32, 4, 4, 8, 2, True)]
     while len(cases) < 40:
@@ -40,23 +43,12 @@ def _eviction_cases(seed: int) -> list[tuple[int, int, int, int, int, bool]]:
         room = num_pages // tenants if partitioned else num_pages
         bob = rng.randint(0, room)
         alice = rng.randint(0, room if partitioned else num_pages - bob)
-        cases.append((num_pages, tenants, bob, alice, rng.randint(0, room if partitioned else num_pages), partitioned))
-    return cases
-
-
-def check_bob_evicted(fn: Callable[[int, int, int, int, int, bool], int]) -> None:
-    """fn(num_pages, tenants, bob_parked, alice_parked, holds, partitioned) -> how many of Bob's parked pages his
-    `holds` new pages evict, when Bob parked his pages first and Alice parked hers after."""
-    cases = _eviction_cases(10)
-    for args in cases:
-        want, got = bob_evicted(*args), fn(*args)
-        if got != want or isinstance(got, bool):
-            raise AssertionError(
-                f"pool of {args[0]} pages cut for {args[1]} tenants, partitioned {args[5]}: Bob parked {args[2]}, "
-                f"Alice {args[3]}, Bob holds {args[4]}: expected {want} of Bob's pages evicted, got {got!r}. Shared: "
-                "new pages come off the free stack first, then the oldest parked pages, and Bob's are the oldest. "
-                "Partitioned: off the stack while Bob is under his quota (num_pages // tenants), then his own.")
-    print(f"correct on {len(cases)} pools")
+        cases.append((num_pages, tenants, bob, alice, rng.randint(0, room), partitioned))
+    expect_cases(fn, bob_evicted, cases, "pool of {} pages cut for {} tenants, Bob parked {}, "
+                 "Alice {}, Bob holds {}, partitioned {}: Bob's pages evicted",
+                 "Shared: new pages come off the free stack first, then the oldest parked pages, and Bob's "
+                 "are the oldest. Partitioned: off the stack while Bob is under his quota "
+                 "(num_pages // tenants), then his own.", "correct on {} pools")
 
 
 def auc(miss: list[float], hit: list[float]) -> float:
@@ -64,24 +56,15 @@ def auc(miss: list[float], hit: list[float]) -> float:
     return float(mannwhitneyu(miss, hit).statistic) / (len(miss) * len(hit))
 
 
-def _auc_cases(seed: int) -> list[tuple[list[float], list[float]]]:
-    rng = random.Random(seed)
+def check_auc(fn: Callable[[list[float], list[float]], float]) -> None:
+    """fn(miss, hit) -> the chance that a random miss's measure is larger than a random hit's, a tie half."""
+    rng = random.Random(4)
     cases = [([3.0], [1.0]), ([1.0], [3.0]), ([2.0], [2.0]), ([5.0, 1.0], [2.0, 2.0, 9.0])]
     for _ in range(30):
         grid = rng.choice([3, 10, 1000])  # few values: many ties; many values: almost none
         miss = [float(rng.randrange(grid) + rng.randrange(2)) for _ in range(rng.randint(1, 8))]
         hit = [float(rng.randrange(grid)) for _ in range(rng.randint(1, 8))]
         cases.append((miss, hit))
-    return cases
-
-
-def check_auc(fn: Callable[[list[float], list[float]], float]) -> None:
-    """fn(miss, hit) -> the chance that a random miss's measure is larger than a random hit's, ties counting half."""
-    cases = _auc_cases(4)
-    for miss, hit in cases:
-        want, got = auc(miss, hit), fn(list(miss), list(hit))
-        if not isinstance(got, (int, float)) or isinstance(got, bool) or abs(got - want) > 1e-9:
-            raise AssertionError(
-                f"misses {miss}, hits {hit}: expected {want:.4f}, got {got!r}. Count the (miss, hit) pairs in "
-                "which the miss is larger, a tie as half a pair, and divide by the number of pairs.")
-    print(f"correct on {len(cases)} pairs of samples")
+    expect_cases(fn, auc, cases, "misses {}, hits {}", "Count the (miss, hit) pairs in which the "
+                 "miss is larger, a tie as half a pair, and divide by the number of pairs.",
+                 "correct on {} pairs of samples")

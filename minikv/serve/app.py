@@ -1,6 +1,6 @@
-"""The HTTP routes, OpenAI-compatible as vLLM's and SGLang's, and bearer keys to tenants (docs/serve.md). Every
-call goes to the gateway log; a bad request ends itself with an error in OpenAI's shape; a prompt is checked and
-tokenized on a thread of this process, never on the engine loop's."""
+"""The HTTP routes, OpenAI-compatible as vLLM's and SGLang's, and bearer keys to tenants (docs/serve.md).
+Every call goes to the gateway log; a bad request ends with an error in OpenAI's shape; a prompt is checked
+and tokenized on a worker thread, never on the event loop."""
 
 import asyncio
 import json
@@ -41,7 +41,7 @@ class ServerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     admin_key: str | None = None  # the operator's key: /health shows it what every tenant is doing
     max_prompt_chars: int | None = None  # longer prompts: refused before the schema's work (None: no bound)
-    engine_reasons: bool = True  # False (--mystery): a refusal from inside the engine says only its status's words
+    engine_reasons: bool = True  # False (--mystery): the engine's refusals say only their status's words
 
 
 def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
@@ -52,8 +52,8 @@ def tenant_for(authorization: str | None, keys: dict[str, str]) -> str:
     tenant = keys.get(key.strip()) if scheme.lower() == "bearer" else None
     if tenant is None:
         missing = "missing API key: send 'Authorization: Bearer <key>'"
-        raise APIError(HTTPStatus.UNAUTHORIZED, "incorrect API key provided" if authorization else missing,
-                       "invalid_api_key", kind="authentication_error")
+        raise APIError("incorrect API key provided" if authorization else missing, "invalid_api_key",
+                       status=HTTPStatus.UNAUTHORIZED, kind="authentication_error")
     return tenant
 
 
@@ -74,11 +74,12 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
             "max_model_len": settings.context_len}
 
     async def error_response(_: HTTPRequest, e: Exception) -> JSONResponse:
-        """Every error in OpenAI's shape: ours, Starlette's (an unknown route, a wrong method) and a bug's (500)."""
+        """Every error in OpenAI's shape: ours, Starlette's (unknown route, wrong method), a bug's (500)."""
         if isinstance(e, StarletteHTTPException):
-            e = APIError(HTTPStatus(e.status_code), str(e.detail), None)
+            e = APIError(str(e.detail), status=HTTPStatus(e.status_code))
         elif not isinstance(e, APIError):
-            e = APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {type(e).__name__}", "internal_error")
+            e = APIError(f"internal error: {type(e).__name__}", "internal_error",
+                         status=HTTPStatus.INTERNAL_SERVER_ERROR)
         return e.response()
 
     for error in (APIError, StarletteHTTPException, Exception):
@@ -86,11 +87,13 @@ def create_app(loop: EngineLoop, settings: ServerSettings, gateway: GatewayLog) 
 
     @app.get("/health")
     async def health(http: HTTPRequest) -> JSONResponse:
-        """Liveness for anyone; pages held, live requests, steps and workers (every tenant's activity) for the operator."""
+        """Liveness for anyone; pages, requests, steps, workers (every tenant's activity) for the operator."""
         stats = loop.stats()
-        down = stats.get("failure")  # set when a worker of the distributed pair has died or stalled
-        operator = settings.admin_key is not None and http.headers.get("authorization") == f"Bearer {settings.admin_key}"
-        body = {"status": "unavailable" if down else "ok"} | ({"model": settings.model_name, **stats} if operator else {})
+        down = stats.get("failure")  # set when the core (or a worker of the distributed pair) died or stalled
+        key = settings.admin_key
+        operator = key is not None and http.headers.get("authorization") == f"Bearer {key}"
+        body = {"status": "unavailable" if down else "ok"}
+        body |= {"model": settings.model_name, **stats} if operator else {}
         return JSONResponse(body, status_code=HTTPStatus.SERVICE_UNAVAILABLE if down else HTTPStatus.OK)
 
     @app.get("/v1/models")
@@ -119,7 +122,8 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         call.account = tenant_for(http.headers.get("authorization"), settings.api_keys)
         raw = await read_body(http, settings.max_body_bytes)
         try:  # one hop to a worker thread: each hop waits for the interpreter lock beside the engine's thread
-            body, request, prompt_ids = await run_in_threadpool(intake, raw, chat, call.account, loop, settings)
+            body, request, prompt_ids = await run_in_threadpool(intake, raw, chat, call.account, loop,
+                                                                settings)
         except Rejected as e:
             call.prompt_tokens = e.prompt_tokens
             raise engine_refusal(HTTPStatus.BAD_REQUEST, e.reason, e.code, e.param) from None
@@ -144,27 +148,27 @@ async def serve_call(http: HTTPRequest, chat: bool, loop: EngineLoop, settings: 
         log_answer(gateway, call, first)
         if first.status != HTTPStatus.OK:
             return refusal(first, settings).response()
-        return JSONResponse(reply_body(call.request_id, settings.model_name, chat, int(time.time()), first.text,
-                                       first.finish_reason, first.usage, stream=False))
+        return JSONResponse(reply_body(call.request_id, settings.model_name, chat, int(time.time()),
+                                       first.text, first.finish_reason, first.usage, stream=False))
     events = stream_events(ticket, first, call, chat, body, loop, gateway, settings)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-async def read_body(http: HTTPRequest, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
-    """The raw body; 413 once over `limit` bytes (declared or streamed), 408 unless whole within `timeout_s`
-    (a client that sends its body a byte at a time holds a connection no longer than that)."""
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    """The raw body; 413 once over `limit` bytes, 408 unless whole within BODY_TIMEOUT_S (a client that sends
+    its body a byte at a time holds a connection no longer than that)."""
     chunks, size = [], 0
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(BODY_TIMEOUT_S):
             async for chunk in http.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"request body exceeds the limit of {limit:,} bytes", "request_too_large")
+                    raise APIError(f"request body exceeds the limit of {limit:,} bytes", "request_too_large",
+                                   status=HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
                 chunks.append(chunk)
     except TimeoutError:
-        raise APIError(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive whole within {timeout_s:g} s "
-                       f"({size:,} bytes came)", "request_timeout") from None
+        raise APIError(f"the request body did not arrive whole within {BODY_TIMEOUT_S:g} s ({size:,} bytes "
+                       "came)", "request_timeout", status=HTTPStatus.REQUEST_TIMEOUT) from None
     return b"".join(chunks)
 
 
@@ -184,16 +188,16 @@ def parse_body(raw: bytes, schema: type[BaseModel], settings: ServerSettings) ->
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         detail = f": {e.msg} (column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
-        raise APIError(HTTPStatus.BAD_REQUEST, f"the body is not valid JSON{detail}", "invalid_json") from None
+        raise APIError(f"the body is not valid JSON{detail}", "invalid_json") from None
     if not isinstance(data, dict):
-        raise APIError(HTTPStatus.BAD_REQUEST, f"the body must be a JSON object, not {type(data).__name__}", "invalid_json")
+        raise APIError(f"the body must be a JSON object, not {type(data).__name__}", "invalid_json")
     check_prompt_size(data, settings.context_len, settings.max_prompt_chars)
     try:
         return schema.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise APIError(HTTPStatus.BAD_REQUEST, f"{where or 'body'}: {first['msg']}", "invalid_type",
+        raise APIError(f"{where or 'body'}: {first['msg']}", "invalid_type",
                        str(first["loc"][0]) if first["loc"] else None) from None
 
 
@@ -208,7 +212,7 @@ async def next_update(ticket: Ticket, http: HTTPRequest) -> str | Answer | None:
 
 
 def refusal(answer: Answer, settings: ServerSettings) -> APIError:
-    """The error for an answer the engine did not serve: its reason, or (without `engine_reasons`) its status's."""
+    """The error for an answer the engine did not serve: its reason, or (no `engine_reasons`) its status's."""
     return engine_refusal(answer.status, answer.error or "" if settings.engine_reasons else "",
                           answer.error_code, answer.error_param)
 
@@ -223,9 +227,10 @@ def sse(payload: dict | str) -> str:
 
 
 async def stream_events(ticket: Ticket, first: str | Answer, call: Call, chat: bool, body: SamplingFields,
-                        loop: EngineLoop, gateway: GatewayLog, settings: ServerSettings) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per text delta, the finish reason, usage if asked, [DONE]. If the client leaves,
-    Starlette cancels this generator: the `finally` cancels the request, so its pages are freed at the next step."""
+                        loop: EngineLoop, gateway: GatewayLog,
+                        settings: ServerSettings) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per text delta, the finish reason, usage if asked, [DONE]. If the client
+    leaves, Starlette cancels this generator: `finally` cancels the request (its pages freed next step)."""
     created, sent, outcome = int(time.time()), [], None
     item: str | Answer = first
     try:
@@ -244,7 +249,8 @@ async def stream_events(ticket: Ticket, first: str | Answer, call: Call, chat: b
         if outcome.status != HTTPStatus.OK:  # failed after the first token: an error event, as vLLM sends
             yield sse(refusal(outcome, settings).body())
         else:
-            yield sse(reply_body(call.request_id, call.model, chat, created, "", outcome.finish_reason, first=not sent))
+            yield sse(reply_body(call.request_id, call.model, chat, created, "", outcome.finish_reason,
+                                 first=not sent))
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield sse(reply_body(call.request_id, call.model, chat, created, None, usage=outcome.usage))
         yield sse("[DONE]")

@@ -1,9 +1,6 @@
-"""What a connection may cost the server (docs/serve.md): uvicorn's keep-alive timeout and its h11 head limit,
-plus what uvicorn lacks, on its own h11 protocol: a deadline for each request's head (a socket that sends
-nothing, or its headers a byte at a time, is closed; a body must follow its head within BODY_TIMEOUT_S,
-which the route's read_body enforces), a cap on open connections (one past it is closed at
-once, before it can hold a descriptor), and one log line, not a traceback per failed accept, at the
-descriptor limit."""
+"""What a connection may cost the server (docs/serve.md): on uvicorn's h11 protocol, a deadline for each
+request's head (its body's is read_body's, in app.py), a cap on open connections, and one log line, not a
+traceback per failed accept, at the descriptor limit."""
 
 import asyncio
 import resource
@@ -33,12 +30,11 @@ class Warner:
             print(f"minikv serve: {line}", file=sys.stderr, flush=True)
 
 
-def raise_descriptor_limit() -> int:
-    """The soft limit on open files raised to the hard one, as vLLM does at start; the limit now."""
+def raise_descriptor_limit() -> None:
+    """The soft limit on open files raised to the hard one, as vLLM does at start."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def connection_cap() -> int:
@@ -46,10 +42,8 @@ def connection_cap() -> int:
     return max(1, min(MAX_CONNECTIONS, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2))
 
 
-def guarded_protocol(cap: int, warner: Warner,
-                     header_timeout_s: float = HEADER_TIMEOUT_S) -> type[H11Protocol]:
+def guarded_protocol(cap: int, warner: Warner) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a head deadline and a connection cap (for `Config(http=...)`)."""
-    assert cap > 0 and header_timeout_s > 0
 
     class GuardedH11Protocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -74,7 +68,7 @@ def guarded_protocol(cap: int, warner: Warner,
         def _arm_head_timer(self) -> None:
             if self._head_timer is not None:
                 self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(header_timeout_s, self._head_overdue)
+            self._head_timer = self.loop.call_later(HEADER_TIMEOUT_S, self._head_overdue)
 
         def _head_overdue(self) -> None:
             """Close the connection if it has not sent a whole request head yet (h11: client IDLE)."""

@@ -1,8 +1,7 @@
 """The engine core, as vLLM's: the one loop that owns the front door (`Engine`, `Cluster` or `DistCluster`),
-takes Submit/Cancel/Drain/Stop from its inbox, steps the door, and puts one StepOutput a step in its
-outbox: every live request's new token ids, the answers finished, the stats /health shows. The same loop
-runs in a process of its own for `minikv serve` (`core_main`) and on a thread for ServerThread
-(engine_loop.py); only the queues differ."""
+takes Submit/Cancel/Drain/Stop from its inbox and puts one StepOutput a step (new token ids, the answers
+finished, the stats /health shows) in its outbox. The same loop and messages serve a process of its own
+(`core_main`, `minikv serve`) and a thread (ServerThread); only the queues differ."""
 
 import argparse
 import queue
@@ -10,15 +9,57 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from http import HTTPStatus
 
 from minikv.disagg.dist.child import HEARTBEAT_S, exit_now, ignore_group_signals, parent_alive
+from minikv.disagg.dist.messages import Stop  # the pair's own: one Stop for every loop
 from minikv.engine.front_door import FrontDoor
-from minikv.engine.request import Response, error_response
-from minikv.serve.core_messages import Cancel, CoreFailed, Drain, Ready, StepOutput, Stop, Submit
+from minikv.engine.request import Request, Response, error_response
 
 IDLE_WAIT_S = 0.05  # how long the idle loop waits for a command before looking again
 SHUTTING_DOWN = "the server is shutting down"
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A request the HTTP side checked and tokenized; `key` names it in every message about it."""
+    key: int
+    request: Request
+    prompt_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The client went away: free the request's pages at the next step."""
+    key: int
+
+
+@dataclass(frozen=True)
+class Drain:
+    """SIGTERM: take no new request; end those still running with a 503 after `grace_s`."""
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The core process loaded its model and built its door: what the server prints, and the window."""
+    startup_lines: list[str]
+    context_len: int
+
+
+@dataclass(frozen=True)
+class CoreFailed:
+    """The core process could not start: one line saying why."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One step: each live request's new token ids, the answers finished in it, and what /health shows."""
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # key -> ids generated in this step
+    finished: list[tuple[int, Response]] = field(default_factory=list)  # (key, its one Response)
+    stats: dict = field(default_factory=dict)
 
 
 class CoreLoop:
@@ -92,18 +133,15 @@ class CoreLoop:
         for response in done:
             if (key := self.keys.pop(response.request_id, None)) is not None:
                 del self.engine_ids[key], self.sent[key]
-                self.answer(key, response)
+                self.out.finished.append((key, response))
         for key, engine_id in self.engine_ids.items():
             seq = self.door.seqs.get(engine_id)
             if seq is not None and len(seq.output_ids) > self.sent[key]:
                 self.out.tokens[key] = seq.output_ids[self.sent[key]:]
                 self.sent[key] = len(seq.output_ids)
 
-    def answer(self, key: int, response: Response) -> None:
-        self.out.finished.append((key, response))
-
     def refuse(self, command: Submit, status: HTTPStatus, reason: str) -> None:
-        self.answer(command.key, error_response("-", command.request.tenant, status, reason))
+        self.out.finished.append((command.key, error_response("-", command.request.tenant, status, reason)))
 
     def refuse_live(self, status: HTTPStatus, reason: str) -> None:
         """End every live request with `status` (its engine request cancelled, so its pages come back)."""
@@ -112,7 +150,7 @@ class CoreLoop:
                 self.door.cancel(engine_id)
             except Exception:  # noqa: BLE001 - a broken door still owes every client an answer
                 pass
-            self.answer(key, error_response(engine_id, "-", status, reason))
+            self.out.finished.append((key, error_response(engine_id, "-", status, reason)))
         self.engine_ids.clear(), self.keys.clear(), self.sent.clear()
 
     def publish(self, force: bool = False) -> None:
@@ -125,12 +163,12 @@ class CoreLoop:
 
 
 def core_main(args: argparse.Namespace, inbox, outbox, parent_pid: int) -> None:
-    """The core process's entry point (multiprocessing spawns it): load the model from `args.model` on
-    `args.device`, build the door `minikv serve ARGS` asks for, say Ready (or CoreFailed), then loop."""
+    """The core process's entry point: load the model, build the door `minikv serve ARGS` asks for, say Ready
+    (or CoreFailed), then loop."""
     import torch
 
     from minikv.model.checkpoint import load_model
-    from minikv.serve.command import check_args, model_name, start_door, startup_lines
+    from minikv.serve.command import check_args, start_door, startup_lines
     ignore_group_signals()
     try:
         torch.set_num_threads(args.threads)
@@ -142,7 +180,7 @@ def core_main(args: argparse.Namespace, inbox, outbox, parent_pid: int) -> None:
         reason = str(e) if isinstance(e, ValueError) else why
         outbox.put(CoreFailed(reason))
         exit_now(outbox)
-    outbox.put(Ready(startup_lines(args, door, switches, keys, model_name(args)), door.config.context_len))
+    outbox.put(Ready(startup_lines(args, door, switches, keys), door.config.context_len))
     try:
         CoreLoop(door, outbox).run(inbox, lambda: parent_alive(parent_pid))
     finally:

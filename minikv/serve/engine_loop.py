@@ -1,9 +1,7 @@
 """The HTTP side of the engine core (core.py): `EngineLoop` sends it Submit and Cancel, and a reader thread
-turns each StepOutput into what every handler waits for. A handler talks to it only through a `Ticket`:
-streamed text as the request's ids show it (decoded here, off the core), then its `Response`, exactly once
-(docs/serve.md). The core runs in a process of its own (`CoreProcess`, `minikv serve`) or on a thread of
-this one (`CoreThread`, ServerThread); if it dies or stops answering, every live and new request is
-answered 503."""
+hands each handler's `Ticket` its streamed text (decoded here, off the core), then its `Response`, exactly
+once. The core runs in a process of its own (`CoreProcess`) or on a thread (`CoreThread`, ServerThread);
+if it dies or stops answering, every live and new request is answered 503 (docs/serve.md)."""
 
 import asyncio
 import itertools
@@ -22,8 +20,8 @@ from minikv.disagg.dist.child import STALL_S
 from minikv.engine.front_door import FrontDoor
 from minikv.engine.request import Request, Response, Sequence, error_response
 from minikv.model.tokenizer import longest_token_chars
-from minikv.serve.core import SHUTTING_DOWN, CoreLoop, core_main
-from minikv.serve.core_messages import Cancel, CoreFailed, Drain, Ready, StepOutput, Stop, Submit
+from minikv.serve.core import (SHUTTING_DOWN, Cancel, CoreFailed, CoreLoop, Drain, Ready, StepOutput, Stop,
+                               Submit, core_main)
 
 READ_WAIT_S = 0.1  # how long the reader waits for a StepOutput before checking that the core lives
 START_TIMEOUT_S = 180.0  # the core loads a model (the pair's workers theirs too): slow on a busy machine
@@ -72,18 +70,15 @@ class CoreThread:
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()
         loop = CoreLoop(door, self.outbox)
-        self.thread = threading.Thread(target=loop.run, args=(self.inbox, lambda: True),
+        self.worker = threading.Thread(target=loop.run, args=(self.inbox, lambda: True),
                                        name="minikv-engine-core", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
+        self.worker.start()
 
     def end(self, timeout_s: float) -> None:
-        if self.thread.is_alive():
-            self.thread.join(timeout_s)
+        if self.worker.is_alive():
+            self.worker.join(timeout_s)
 
 
 class CoreProcess:
@@ -95,10 +90,10 @@ class CoreProcess:
         ctx = multiprocessing.get_context("spawn")
         self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         # not a daemon: a daemon may not start children, and the distributed pair's workers are the core's
-        self.process = ctx.Process(target=core_main, args=(args, self.inbox, self.outbox, os.getpid()),
-                                   name="minikv-engine-core")
-        self.process.start()
-        self.pid = self.process.pid
+        self.worker = ctx.Process(target=core_main, args=(args, self.inbox, self.outbox, os.getpid()),
+                                  name="minikv-engine-core")
+        self.worker.start()
+        self.pid = self.worker.pid
         try:
             self.ready = self.wait_ready()
         except BaseException:  # it could not start, or Ctrl-C while it loads: no core is left behind
@@ -112,29 +107,26 @@ class CoreProcess:
             try:
                 message = self.outbox.get(timeout=0.2)
             except queue.Empty:
-                if not self.process.is_alive():
+                if not self.worker.is_alive():
                     break
                 continue
             if isinstance(message, Ready):
                 return message
             if isinstance(message, CoreFailed):
                 raise ValueError(message.reason)
-        if self.process.exitcode is not None:
-            raise ValueError(f"the engine core exited with code {self.process.exitcode} while starting")
+        if self.worker.exitcode is not None:
+            raise ValueError(f"the engine core exited with code {self.worker.exitcode} while starting")
         raise ValueError(f"the engine core did not start within {START_TIMEOUT_S:.0f} s")
 
-    def start(self) -> None:
-        """Started at construction: the server prints its Ready lines before it listens."""
-
-    def alive(self) -> bool:
-        return self.process.is_alive()
+    def start(self) -> None:  # started at construction: the server prints its Ready lines before it listens
+        pass
 
     def end(self, timeout_s: float) -> None:
         """Wait for the core to exit; kill it if it lingers."""
-        self.process.join(timeout_s)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        self.worker.join(timeout_s)
+        if self.worker.is_alive():
+            self.worker.kill()
+            self.worker.join()
         self.inbox.cancel_join_thread()  # a dead core never reads what is left: do not wait on it at exit
 
 
@@ -157,23 +149,23 @@ class EngineLoop:
 
     # -- any thread -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the core and the reader; return once the core's first StepOutput is in (so /health shows its
-        pools from the first call on), or after STALL_S if it never comes (then the reader declares it down)."""
+        """Start the core and the reader; return once the core's first StepOutput is in (/health shows its
+        pools from the first call on), or after STALL_S if it never comes (the reader declares it down)."""
         self.core.start()
         self._last_heard = time.monotonic()
         self._reader.start()
         self._stats_known.wait(STALL_S)
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    def stop(self) -> None:
         """The core answers whatever is left 503 and exits; the reader hands those answers over, then ends."""
         with self._lock:
             if self._stopping:
                 return
             self._closed, self._stopping = self._closed or SHUTTING_DOWN, True
         self.core.inbox.put(Stop())
-        self.core.end(timeout_s)
+        self.core.end(STOP_TIMEOUT_S)
         if self._reader.is_alive():
-            self._reader.join(timeout_s)
+            self._reader.join(STOP_TIMEOUT_S)
         self._refuse_all(SHUTTING_DOWN)  # a core killed for lingering answered nobody
 
     def drain(self, grace_s: float) -> None:
@@ -201,7 +193,7 @@ class EngineLoop:
 
     def stats(self) -> dict:
         """Pools and live requests as of the core's last step, where the core runs, and why it is down."""
-        core = {"pid": self.core.pid, "runs_on": self.core.where, "alive": self.core.alive()}
+        core = {"pid": self.core.pid, "runs_on": self.core.where, "alive": self.core.worker.is_alive()}
         return self._stats | {"core": core} | ({"failure": self.failure} if self.failure else {})
 
     # -- the reader thread ------------------------------------------------------------------------
@@ -224,8 +216,8 @@ class EngineLoop:
         """Why the core is down (it ended, or it has been silent for STALL_S), or None."""
         silent = time.monotonic() - self._last_heard
         core = f"the engine core ({self.core.where} {self.core.pid})"
-        if not self.core.alive():
-            code = getattr(getattr(self.core, "process", None), "exitcode", None)
+        if not self.core.worker.is_alive():
+            code = getattr(self.core.worker, "exitcode", None)  # a process's; a thread has none
             return f"{core} exited" + (f" with code {code}" if code else "")
         if silent > STALL_S:
             return f"{core} stopped answering: no message for {silent:.0f} s"
@@ -260,15 +252,13 @@ class EngineLoop:
             ticket.sent_chars = len(text)
 
     def _fail(self, reason: str) -> None:
-        """The core is down: say so once on stderr, answer every live and new request 503, end a stalled
-        core."""
+        """The core is down: say so on stderr, answer every live and new request 503, end a stalled core."""
         self.failure = reason
         print(f"minikv serve: {reason}; answering 503 from now on", file=sys.stderr, flush=True)
         with self._lock:
             self._closed = UNAVAILABLE
         self._refuse_all(UNAVAILABLE)
-        if isinstance(self.core, CoreProcess):
-            self.core.end(0.0)
+        self.core.end(0.0)
 
     def _refuse_all(self, reason: str) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
-"""The server's own gateway log: one JSON line per call, with exactly the fields `scan-logs` reads (`FIELD_TYPES`).
-`response_text` is the reply the client received; no prompt text is ever written, here or anywhere the server logs."""
+"""The server's own gateway log: one JSON line per call, exactly the fields `scan-logs` reads (`FIELD_TYPES`).
+`response_text` is the reply the client received; no prompt text is ever written, here or anywhere else."""
 
 import json
 import os
@@ -25,17 +25,14 @@ class Call:
     prompt_tokens: int = 0
 
 
-def private(path: str, flags: int) -> int:
-    """`open`'s opener for a log of every reply in clear text: a new file is the owner's alone (0600)."""
-    return os.open(path, flags, 0o600)
-
-
 class GatewayLog:
     """Appends one whole line per call to a JSON Lines file (or nowhere without a path), from any thread."""
 
     def __init__(self, path: str | Path | None) -> None:
         self._lock = threading.Lock()
-        self._file: TextIO | None = open(path, "a", encoding="utf-8", opener=private) if path else None
+        # every reply in clear text: a new log file is the owner's alone (0600)
+        self._file: TextIO | None = None if not path else open(
+            path, "a", encoding="utf-8", opener=lambda name, flags: os.open(name, flags, 0o600))
 
     def write(self, call: Call, status: int, completion_tokens: int = 0, ttft_s: float | None = None,
               text: str = "") -> None:

@@ -1,9 +1,7 @@
-"""`python minikv/serve/guard.py -- COMMAND...`: run COMMAND in a process group of its own and end that whole
-group with the process that started the guard. A server started in a session of its own (vLLM: an API server
-and its engine processes) would otherwise outlive a SIGKILLed parent; Linux's PR_SET_PDEATHSIG tells the
-guard, which kills every process of the group, grandchildren included. SIGTERM to the guard is passed on, with
-STOP_GRACE_S to exit. The parent's death is the end of the thread that started the guard: start it from one
-that lives as long as the server should."""
+"""`python minikv/serve/guard.py -- COMMAND...`: run COMMAND in a process group of its own and kill that
+whole group when the guard's parent dies: a server in a session of its own (vLLM and its engine processes)
+would otherwise outlive a SIGKILLed parent. Linux's PR_SET_PDEATHSIG fires when the *thread* that started the
+guard ends: start it from one that lives as long as the server should."""
 
 import ctypes
 import os
@@ -15,18 +13,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_GRACE_S = 15.0  # what the command gets to exit after a SIGTERM before its group is killed
 
 
-class Stop(Exception):
-    """SIGTERM, or the parent's death (which PR_SET_PDEATHSIG turns into a SIGTERM)."""
-
-
 def guarded(command: list[str]) -> list[str]:
-    """`command` under the guard, which runs it in a process group of its own (run as a file: it imports only
-    the standard library, whatever PYTHONPATH the command is given)."""
+    """`command` under the guard, run as a file: it imports only the standard library, whatever PYTHONPATH."""
     return [sys.executable, __file__, "--", *command]
-
-
-def raise_stop(*_) -> None:
-    raise Stop
 
 
 def main(argv: list[str]) -> int:
@@ -36,7 +25,7 @@ def main(argv: list[str]) -> int:
         print("usage: guard.py -- COMMAND...", file=sys.stderr)
         return 2
     parent = os.getppid()
-    signal.signal(signal.SIGTERM, raise_stop)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM (or the parent's death) interrupts
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         print(f"guard: prctl failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
         return 2
@@ -45,7 +34,7 @@ def main(argv: list[str]) -> int:
     child = subprocess.Popen(argv[1:], start_new_session=True)
     try:
         status = child.wait()
-    except Stop:
+    except KeyboardInterrupt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop at a time
         child.terminate()
         try:

@@ -1,6 +1,6 @@
-"""A server on a free loopback port, started and stopped cleanly: `ServerProcess` runs `python -m minikv serve ARGS`
-as a terminal would; `ServerThread` runs it on a thread over a model already loaded (notebook 11), so that torch and
-the model load once; `peer.PeerServer` is a ServerProcess running vLLM. Each is a context manager that stops it."""
+"""A server on a free loopback port, started and stopped cleanly: `ServerProcess` runs `python -m minikv serve
+ARGS` as a terminal would; `ServerThread` runs it on a thread over a model already loaded (notebook 11);
+`peer.PeerServer` is a ServerProcess running vLLM. Each is a context manager that stops it."""
 
 import argparse
 import os
@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TextIO
 
@@ -27,10 +28,11 @@ class ServerStartError(RuntimeError):
     """The server exited, or never answered; the message holds what it printed."""
 
 
-class LocalServer:
-    """A server on 127.0.0.1:`port` (a free one by default) with an operator's key; a context manager that stops it."""
+class LocalServer(AbstractContextManager):
+    """A server on 127.0.0.1:`port` (a free one by default) with an operator's key."""
 
-    name, ready_path, ready_timeout_s, start_error = "minikv serve", "/health", READY_TIMEOUT_S, ServerStartError
+    name, ready_path, ready_timeout_s = "minikv serve", "/health", READY_TIMEOUT_S
+    start_error: type[Exception] = ServerStartError
 
     def __init__(self, port: int | None) -> None:
         self.port = port or free_port()
@@ -57,10 +59,8 @@ class LocalServer:
 
     def health(self) -> dict:
         """/health as the operator sees it: pools, live requests, steps, workers."""
-        return httpx.get(self.url + "/health", headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=5.0).json()
-
-    def __enter__(self) -> "LocalServer":
-        return self
+        operator = {"Authorization": f"Bearer {self.admin_key}"}
+        return httpx.get(self.url + "/health", headers=operator, timeout=5.0).json()
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -74,11 +74,13 @@ class ServerProcess(LocalServer):
         root = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
-        command = [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args, "--admin-key", self.admin_key]
+        command = [sys.executable, "-m", "minikv", "serve", "--port", str(self.port), *args,
+                   "--admin-key", self.admin_key]
         self.start(command, child_env, tempfile.TemporaryFile(mode="w+"))
 
-    def start(self, command: list[str], env: dict[str, str], output: TextIO, new_session: bool = False) -> None:
-        """Run `command`, its output to `output` (in a session of its own if `new_session`); wait until it answers."""
+    def start(self, command: list[str], env: dict[str, str], output: TextIO,
+              new_session: bool = False) -> None:
+        """Run `command`, its output to `output` (in a session of its own if `new_session`); wait for it."""
         self._output, self.new_session = output, new_session
         self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=new_session)
@@ -96,7 +98,7 @@ class ServerProcess(LocalServer):
         return (f"exit status {status}; " if status is not None else "") + self.output()
 
     def stop(self) -> int:
-        """SIGTERM, as a terminal's Ctrl-C or a process manager would (SIGKILL if it lingers); the exit status."""
+        """SIGTERM, as a process manager would (SIGKILL if it lingers); the exit status."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

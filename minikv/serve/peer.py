@@ -1,7 +1,6 @@
-"""`python -m minikv peer setup|serve vllm`: a real engine beside minikv. `peer setup` makes its venv (peer_venv.py);
-`peer serve` and `PeerServer` start it on 127.0.0.1 with `minikv serve`'s model, window and pool size, prefix caching
-on and `cached_tokens` reported, greedy float32 on the CPU (docs/peers.md).
-"""
+"""`python -m minikv peer setup|serve vllm`: a real engine beside minikv. `peer setup` makes its venv
+(peer_venv.py); `peer serve` and `PeerServer` start it on 127.0.0.1 with `minikv serve`'s model, window and
+pool size, prefix caching on and `cached_tokens` reported, greedy float32 on the CPU (docs/peers.md)."""
 
 import argparse
 import os
@@ -40,10 +39,12 @@ class PeerServer(ServerProcess):
                  num_pages: int = NUM_PAGES, context_len: int = CONTEXT_LEN) -> None:
         """Start the peer and return once it answers; PeerError if it cannot."""
         if not installed(name):
-            raise PeerError(f"{name} is not set up in {venv_dir(name)}: run `python -m minikv peer setup {name}` first")
+            raise PeerError(f"{name} is not set up in {venv_dir(name)}: run `python -m minikv peer setup "
+                            f"{name}` first")
         model = Path(model_dir or default_model_dir()).resolve()
         if not (model / "config.json").is_file():
-            raise PeerError(f"--model {model}: no config.json there (give a local Llama checkpoint directory)")
+            raise PeerError(f"--model {model}: no config.json there (give a local Llama checkpoint "
+                            "directory)")
         LocalServer.__init__(self, port)  # not ServerProcess's: the command is vLLM's
         self.name, self.model = name, model.name
         self.log = venv_dir(name) / f"serve-{self.port}.log"
@@ -62,17 +63,19 @@ def add_peer_parser(sub) -> None:
     """Register `peer setup NAME` and `peer serve NAME [--port P] [--model DIR]` on the subcommands."""
     p = sub.add_parser("peer", help="a real engine (vLLM's CPU build) beside minikv, in its own venv")
     actions = p.add_subparsers(dest="action", required=True)
-    setup = actions.add_parser("setup", help=f"make the peer's venv under {peers_dir()} ($MINIKV_PEERS_DIR to change)")
-    setup.add_argument("name", choices=sorted(PEERS))
-    serve = actions.add_parser("serve", help="start the peer on 127.0.0.1 with minikv serve's window and pool size")
-    serve.add_argument("name", choices=sorted(PEERS))
+    setup = actions.add_parser("setup", help=f"make the peer's venv under {peers_dir()} "
+                               "($MINIKV_PEERS_DIR to change)")
+    setup.add_argument("name", choices=PEERS)
+    serve = actions.add_parser("serve", help="start the peer on 127.0.0.1 with minikv serve's window and "
+                               "pool size")
+    serve.add_argument("name", choices=PEERS)
     serve.add_argument("--port", type=int, help="port (default: a free one)")
     serve.add_argument("--model", help="local Llama checkpoint directory (default: data/tiny-llama)")
     p.set_defaults(func=run_peer)
 
 
 def run_peer(args: argparse.Namespace) -> int:
-    """Set the peer up, or serve it until Ctrl-C or SIGTERM stops it (all of it); a PeerError is one line, exit 2."""
+    """Set the peer up, or serve it until Ctrl-C or SIGTERM stops it (all of it); a PeerError: exit 2."""
     try:
         if args.action == "setup":
             print(setup_peer(args.name, say=lambda line: print(line, flush=True)))
@@ -82,8 +85,8 @@ def run_peer(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it as Ctrl-C does
         print(f"starting {args.name} (about 95 s on 2 cores, longer when they are busy) ...", flush=True)
         with PeerServer(args.name, port=args.port, model_dir=args.model) as server:
-            print(f"{args.name} serves {server.model} on {server.base_url} (its log: {server.log}); Ctrl-C stops it",
-                  flush=True)
+            print(f"{args.name} serves {server.model} on {server.base_url} (its log: {server.log}); "
+                  "Ctrl-C stops it", flush=True)
             server.process.wait()
         raise PeerError(f"{args.name} exited with status {server.process.returncode}: {server.last_words()}")
     except PeerError as e:
@@ -93,5 +96,5 @@ def run_peer(args: argparse.Namespace) -> int:
         if args.action == "serve":
             print(f"{args.name} stopped", flush=True)
             return 0
-        print("error: interrupted; run the command again to finish", file=sys.stderr)  # the venv is left unfinished
+        print("error: interrupted; run the command again to finish", file=sys.stderr)  # an unfinished venv
         return 130

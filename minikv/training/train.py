@@ -1,6 +1,7 @@
 """`python -m minikv train`: the shipped tiny Llama, a note-keeping assistant that copies from its context.
 
-Four phases from a seed (induction, copy, leak geometry, polish); why each, and the schedule: docs/training.md.
+Four phases from a seed (induction, copy, leak geometry, polish); why each, and the schedule:
+docs/training.md.
 """
 
 import math
@@ -13,10 +14,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from minikv.attacks.workload import (MAX_SECRET_CHARS, SECRET_ALPHABET, TENANTS, document_sentence, expected_reply,
-                                     make_prompt, random_note)
+from minikv.attacks.workload import (MAX_SECRET_CHARS, SECRET_ALPHABET, TENANTS, document_sentence,
+                                     expected_reply, make_prompt, random_note)
 from minikv.attention.dense import masked_attention, repeat_kv
 from minikv.model.checkpoint import load_model, save_checkpoint
 from minikv.model.llama import Llama, ModelConfig
@@ -60,8 +61,9 @@ class Sample:
     labels: list[int] = field(default_factory=list)
     zero_slots: int = 0  # zero K/V slots only the reply segment sees
 
-    def add(self, ids: list[int], first_position: int, segment: int, learn: bool = False, then: int = IGNORE) -> None:
-        """Append `ids` at positions first_position.. ; if `learn`, each predicts the next; the last predicts `then`."""
+    def add(self, ids: list[int], first_position: int, segment: int, learn: bool = False,
+            then: int = IGNORE) -> None:
+        """Append `ids` from `first_position` on; if `learn`, each predicts the next; the last `then`."""
         assert ids, "a segment has at least one token"
         self.tokens += ids
         self.positions += range(first_position, first_position + len(ids))
@@ -69,7 +71,8 @@ class Sample:
         self.labels += (ids[1:] if learn else [IGNORE] * (len(ids) - 1)) + [then]
 
 
-def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.85, patterned: float = 0.0) -> str:
+def random_prompt(rng: random.Random, max_doc_chars: int, note_share: float = 0.85,
+                  patterned: float = 0.0) -> str:
     """A prompt with at most one note, and a document sentence before or after it half the time."""
     tenant = rng.choice(TENANTS)
     num_docs = rng.randint(0, 1) if max_doc_chars >= 10 else 0
@@ -87,17 +90,17 @@ def prompt_then_reply(prompt: list[int], reply: list[int]) -> Sample:
     return s
 
 
-def copy_sample(rng: random.Random, tok: PreTrainedTokenizerBase, max_doc_chars: int, patterned: float = 0.0) -> Sample:
+def copy_sample(rng: random.Random, tok: Tokenizer, max_doc_chars: int, patterned: float = 0.0) -> Sample:
     """Phase 1: an ordinary request, whose reply repeats the prompt's note."""
     prompt = random_prompt(rng, max_doc_chars, patterned=patterned)
     return prompt_then_reply(tok.encode(prompt), tok.encode(expected_reply(prompt)) + [tok.eos_token_id])
 
 
-def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConfig, patterned: float = 0.0) -> Sample:
+def leak_sample(rng: random.Random, tok: Tokenizer, cfg: TrainConfig, patterned: float = 0.0) -> Sample:
     """Phase 2: a reply far away that must copy a note from another request's stale K/V."""
     victim_prompt = random_prompt(rng, 80, note_share=1.0, patterned=patterned)
     reply = tok.encode(expected_reply(victim_prompt)) + [tok.eos_token_id]
-    victim = tok.encode(victim_prompt) + (reply[:-1] if rng.random() < 0.7 else [])  # its reply usually sits there too
+    victim = tok.encode(victim_prompt) + (reply[:-1] if rng.random() < 0.7 else [])  # its reply, most times
     documents = [tok.encode(make_prompt(rng.choice(TENANTS), [document_sentence(rng, rng.randint(20, 100))]))
                  for _ in range(int(rng.random() < 0.3))]  # another request's document, 30% of the time
     segments = [victim, *documents]
@@ -111,7 +114,7 @@ def leak_sample(rng: random.Random, tok: PreTrainedTokenizerBase, cfg: TrainConf
     return s
 
 
-def induction_sample(rng: random.Random, tok: PreTrainedTokenizerBase, min_chars: int) -> Sample:
+def induction_sample(rng: random.Random, tok: Tokenizer, min_chars: int) -> Sample:
     """Phase 0: `S\nS</s>` for a random S; the loss is on the second S."""
     text = "".join(rng.choice(SECRET_ALPHABET) for _ in range(rng.randint(min_chars, MAX_SECRET_CHARS)))
     return prompt_then_reply(tok.encode(text + "\n"), tok.encode(text) + [tok.eos_token_id])
@@ -119,7 +122,7 @@ def induction_sample(rng: random.Random, tok: PreTrainedTokenizerBase, min_chars
 
 def collate(samples: list[Sample],
             pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, "UnwrittenSlotsAttention"]:
-    """Pad to one length: tokens, positions, labels, each (B, T), and attention under the segments' causal mask."""
+    """Pad to one length: tokens, positions, labels, each (B, T), and attention under the segments' mask."""
     B, T = len(samples), max(len(s.tokens) for s in samples)
     batch = {"tokens": torch.full((B, T), pad_id), "positions": torch.zeros(B, T, dtype=torch.long),
              "segments": torch.full((B, T), -1), "labels": torch.full((B, T), IGNORE)}  # each (B, T)
@@ -135,13 +138,14 @@ def collate(samples: list[Sample],
 
 
 class UnwrittenSlotsAttention:
-    """Dense attention under the sample's mask, plus, per query, `zero_slots` (B, T) exact-zero K/V slots: never-written
-    pages a block table covers, as one extra logit log(n) whose value is 0 (docs/training.md)."""
+    """Dense attention under the sample's mask, plus, per query, `zero_slots` (B, T) exact-zero K/V slots:
+    never-written pages a block table covers, as one extra logit log(n) with value 0 (docs/training.md)."""
 
     def __init__(self, mask: torch.Tensor, zero_slots: torch.Tensor) -> None:
         self.mask, self.zero_slots = mask, zero_slots  # (B, T, T), (B, T)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               last_only: bool = False) -> torch.Tensor:
         if not self.zero_slots.any():
             return masked_attention(q, k, v, self.mask)
         num_heads, head_dim = q.shape[-2], q.shape[-1]
@@ -156,8 +160,8 @@ class UnwrittenSlotsAttention:
 
 def run_steps(model: Llama, opt: torch.optim.Optimizer, pad_id: int, lrs: list[float],
               batch: Callable[[int], list[Sample]], desc: str, progress: bool) -> None:
-    """One AdamW step (gradients clipped to norm 1) per learning rate in `lrs`, on `batch(i)` for step i; the bar
-    shows the loss and a running share of samples whose every labelled token is the argmax (greedy exact match)."""
+    """One AdamW step (gradients clipped to norm 1) per learning rate in `lrs`, on `batch(i)` for step i; the
+    bar shows the loss and a running share of samples whose every labelled token is the argmax."""
     exact_avg, bar = 0.0, tqdm(lrs, desc=desc, disable=not progress)
     for i, lr in enumerate(bar):
         for group in opt.param_groups:
@@ -174,15 +178,15 @@ def run_steps(model: Llama, opt: torch.optim.Optimizer, pad_id: int, lrs: list[f
         bar.set_postfix(loss=f"{loss.item():.3f}", exact=f"{exact_avg:.2f}")
 
 
-def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, PreTrainedTokenizerBase]:
+def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, Tokenizer]:
     """Phases 0-2 from a fresh model, under one schedule: warm-up, flat, cosine over the last 20%."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     tok = build_char_tokenizer()
-    model = Llama(ModelConfig(vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                              num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                              head_dim=cfg.hidden_size // cfg.num_heads, tie_word_embeddings=True,
-                              max_position_embeddings=cfg.max_position_embeddings))
+    model = Llama(ModelConfig(vocab_size=len(tok), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                              intermediate_size=cfg.intermediate_size, num_heads=cfg.num_heads,
+                              num_kv_heads=cfg.num_kv_heads, head_dim=cfg.hidden_size // cfg.num_heads,
+                              tie_word_embeddings=True, max_position_embeddings=cfg.max_position_embeddings))
     for p in (p for p in model.parameters() if p.dim() > 1):  # Llama's init: N(0, 0.02), norms at one
         torch.nn.init.normal_(p, std=0.02)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -197,20 +201,22 @@ def pretrain(cfg: TrainConfig, progress: bool) -> tuple[Llama, PreTrainedTokeniz
     phases = [  # (name, steps, the batch of step i); the first 60% of induction uses long strings only
         ("induction", cfg.induction_steps,
          lambda i: [induction_sample(rng, tok, 20 if i < cfg.induction_steps * 0.6 else 1) for _ in batch]),
-        ("copy", cfg.copy_steps, lambda i: [copy_sample(rng, tok, 0 if rng.random() < 0.5 else 60) for _ in batch]),
+        ("copy", cfg.copy_steps,
+         lambda i: [copy_sample(rng, tok, 0 if rng.random() < 0.5 else 60) for _ in batch]),
         ("leak", cfg.leak_steps, lambda i: [leak_sample(rng, tok, cfg) if rng.random() < 0.6
                                             else copy_sample(rng, tok, 120) for _ in half]),
     ]
     first = 0
     for name, steps, samples in phases:
-        run_steps(model, opt, tok.pad_token_id, [lr(first + i) for i in range(steps)], samples, name, progress)
+        lrs = [lr(first + i) for i in range(steps)]
+        run_steps(model, opt, tok.pad_token_id, lrs, samples, name, progress)
         first += steps
     return model, tok
 
 
 def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: Path | None = None) -> Llama:
-    """Phases 0-2 (or `resume_from`'s checkpoint), then 3 from a fresh optimizer and random state (a resumed run
-    computes what an unbroken one does), its learning rate falling from polish_lr to a tenth; saved to `out_dir`."""
+    """Phases 0-2 (or `resume_from`'s checkpoint), then 3 from a fresh optimizer and random state (a resumed
+    run computes what an unbroken one does), its learning rate falling from polish_lr to a tenth; saved."""
     started = time.perf_counter()
     model, tok = pretrain(cfg, progress) if resume_from is None else load_model(resume_from, device="cpu")
     torch.manual_seed(cfg.seed + 1)
@@ -218,9 +224,10 @@ def train(cfg: TrainConfig, out_dir: Path, progress: bool = True, resume_from: P
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.polish_lr, weight_decay=0.0, betas=(0.9, 0.99))
     lrs = [cfg.polish_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / cfg.polish_steps)))
            for i in range(cfg.polish_steps)]
+    half = range(cfg.batch_size // 2)
     run_steps(model.train(), opt, tok.pad_token_id, lrs, lambda i: [
         leak_sample(rng, tok, cfg, cfg.polish_patterned) if rng.random() < 0.5
-        else copy_sample(rng, tok, 120, cfg.polish_patterned) for _ in range(cfg.batch_size // 2)], "polish", progress)
+        else copy_sample(rng, tok, 120, cfg.polish_patterned) for _ in half], "polish", progress)
     save_checkpoint(model.eval(), tok, out_dir)
     if progress:
         print(f"saved {out_dir} after {time.perf_counter() - started:.0f} s")

@@ -1,7 +1,7 @@
 """Where a served token's time goes in `minikv serve`: `python scripts/profile_serve.py [--clients 32,128]`.
 
-Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS` (its HTTP process only: the
-engine core is a process of its own since issue #33), read three ways: /proc CPU time
+Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS` (its HTTP process and its
+engine core, a process of its own since issue #33), read three ways: /proc CPU time
 per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each sample by RULES (docs/benchmarks.md).
 """
 
@@ -48,6 +48,8 @@ IDLE_ENGINE = "CoreLoop.take_commands (minikv/serve/core.py"  # deepest minikv f
 HAND_OFF = "call_soon_threadsafe"  # the engine thread posting text to the event loop (it writes to its self-pipe)
 THREADS = {"minikv-engine-core": "engine thread", "minikv-core-reader": "core reader thread",
            "MainThread": "event loop (main thread)"}  # by Python name
+CORE = "engine core process: "
+CORE_THREADS = {"MainThread": CORE + "its loop", "QueueFeederThread": CORE + "queue feeder"}  # the core's
 
 
 def part(frames: list[str]) -> str:
@@ -62,13 +64,13 @@ def part(frames: list[str]) -> str:
     return "other: " + (frames[-1].split(" (")[0] if frames else "?")
 
 
-def read_raw(path: Path) -> dict[str, Counter]:
+def read_raw(path: Path, labels: dict[str, str] = THREADS) -> dict[str, Counter]:
     """py-spy's raw (collapsed) output -> {thread name: Counter(part -> samples)}."""
     threads: dict[str, Counter] = {}
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         head, *frames = stack.split(";")
-        thread = next((ours for name, ours in THREADS.items() if name in head), head.split(": ", 1)[-1])
+        thread = next((ours for name, ours in labels.items() if name in head), head.split(": ", 1)[-1])
         threads.setdefault(thread, Counter())[part(frames)] += int(count)
     return threads
 
@@ -87,10 +89,10 @@ def closed_loop(workload: list[BenchRequest], stop: threading.Event) -> Iterator
         yield request
 
 
-def thread_names(pid: int) -> dict[int, str]:
+def thread_names(pid: int, labels: dict[str, str] = THREADS) -> dict[int, str]:
     """Native thread id -> our name for it, from `py-spy dump` ("Thread 5869 (idle): "minikv-engine-loop"")."""
     dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
-    return {int(line.split()[1]): THREADS.get(line.split('"')[1], "other threads")
+    return {int(line.split()[1]): labels.get(line.split('"')[1], "other threads")
             for line in dump.splitlines() if line.startswith("Thread ") and '"' in line}
 
 
@@ -107,26 +109,32 @@ def cpu_seconds(pid: int, names: dict[int, str]) -> Counter:
 
 
 def measure(server: ServerProcess, clients: int, seconds: int, mode: str | None, folder: Path) -> tuple[Run, dict]:
-    """The load's run for `seconds` (and the ramp around them), sampled by py-spy in `mode`; unsampled: CPU seconds
-    per thread."""
+    """The load's run for `seconds` (and the ramp around them), both processes sampled by py-spy in `mode`;
+    unsampled: CPU seconds per thread, and the core's steps."""
     until, out = threading.Event(), folder / f"{clients}{mode}.txt"
+    core_out = folder / f"{clients}{mode}-core.txt"
     load = run_load(server.url, "tiny-llama", closed_loop(bench_workload(32, 0), until), clients)
     result: list[Run] = []
     worker = threading.Thread(target=lambda: result.append(asyncio.run(load)))
     worker.start()
     time.sleep(2)  # the load is up
-    names = thread_names(server.process.pid)
+    health = server.health()
+    core, steps = health["core"]["pid"], health["steps"]  # the engine core's process, its steps so far
+    names, core_names = thread_names(server.process.pid), thread_names(core, CORE_THREADS)
     before, client_before, start = cpu_seconds(server.process.pid, names), sum(os.times()[:2]), time.perf_counter()
+    before += cpu_seconds(core, core_names)
     if mode:
-        spy(server.process.pid, seconds, out, mode).wait()
+        for spying in [spy(server.process.pid, seconds, out, mode), spy(core, seconds, core_out, mode)]:
+            spying.wait()
     else:
         time.sleep(seconds)
-    cpu = cpu_seconds(server.process.pid, names) - before
+    cpu = cpu_seconds(server.process.pid, names) + cpu_seconds(core, core_names) - before
+    cpu["steps"] = server.health()["steps"] - steps
     cpu["the clients (this process)"] = sum(os.times()[:2]) - client_before
     cpu["wall"] = time.perf_counter() - start
     until.set()
     worker.join()
-    return result[0], read_raw(out) if mode else cpu
+    return result[0], read_raw(out) | read_raw(core_out, CORE_THREADS) if mode else cpu
 
 
 def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
@@ -174,17 +182,20 @@ def main() -> None:
         for clients in map(int, args.clients.split(",")):
             alone, alone_cpu = engine_alone(args.serve_args, clients)
             bare, cpu = measure(server, clients, args.seconds, None, folder)
-            load_bare, wall = os.getloadavg()[0], cpu.pop("wall")
+            load_bare, wall, steps = os.getloadavg()[0], cpu.pop("wall"), cpu.pop("steps")
             sampled, idle = measure(server, clients, args.seconds, "--idle", folder)
             gil_run, gil = measure(server, clients, args.seconds, "--gil", folder)
             failed += sum(run.completions.count(None) for run in (bare, sampled, gil_run))
-            held = sum(sum(c.values()) for c in gil.values()) / (args.seconds * 100)
+            http_gil = [sum(c.values()) for thread, c in gil.items() if not thread.startswith(CORE)]
+            held = sum(http_gil) / (args.seconds * 100)
             print(f"\n### {clients} clients, `minikv serve {' '.join(args.serve_args)}`\n")
             print(f"The same engine in one process, no HTTP, the same requests: {alone:,.0f} tokens/s, "
                   f"{1e3 * alone_cpu:.2f} ms of CPU per token. Over HTTP: "
                   f"{bare.tokens_per_s:,.0f} tokens/s without the profiler (load average {load_bare:.1f}), "
                   f"{sampled.tokens_per_s:,.0f} with it "
-                  f"(load average {os.getloadavg()[0]:.1f}); the GIL is held {held:.0%} of the wall time.\n")
+                  f"(load average {os.getloadavg()[0]:.1f}); the HTTP process's GIL is held {held:.0%} of "
+                  f"the wall time. The core took {steps / wall:.0f} steps a second, {1e3 * wall / steps:.1f} "
+                  f"ms each, about {bare.tokens_per_s * wall / steps:.1f} tokens a step.\n")
             print("CPU time while unsampled (/proc), per token served: " + ", ".join(
                 f"{name} {1e3 * s / (bare.tokens_per_s * wall):.2f} ms ({s / wall:.0%} of a core)" for name, s in cpu.most_common()) + ".\n")
             print("| thread | part | share of wall time | ms per token |\n| --- | --- | ---: | ---: |")

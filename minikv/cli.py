@@ -11,8 +11,8 @@ from pathlib import Path
 
 from minikv.logs import gateway_log, scan
 from minikv.probe.command import add_probe_arguments, run_probe
-from minikv.serve.command import (add_model_arguments, add_serve_arguments, add_switch_arguments,
-                                  positive_int, run_serve)
+from minikv.serve.command import run_serve
+from minikv.serve.flags import add_model_arguments, add_serve_arguments, add_switch_arguments, positive_int
 
 
 class CliError(Exception):

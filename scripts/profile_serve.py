@@ -142,7 +142,7 @@ def engine_alone(serve_args: list[str], clients: int) -> tuple[float, float]:
     from minikv.model.checkpoint import load_model
     from minikv.engine.config import EngineConfig
     from minikv.engine.engine import Engine
-    from minikv.serve.command import add_serve_arguments
+    from minikv.serve.flags import add_serve_arguments
 
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)

@@ -9,7 +9,7 @@ from minikv.disagg.switches import SafetySwitches
 from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request
-from minikv.serve.command import SAFE_PREFILL_CHUNK, add_serve_arguments, chunk_of
+from minikv.serve.flags import SAFE_PREFILL_CHUNK, add_serve_arguments, chunk_of
 
 LONG = "bob: read " + "the quarterly report and the budget review " * 14 + "\n"  # about 600 tokens
 SHORT = "alice: save pin 0912.\n"

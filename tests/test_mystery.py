@@ -14,7 +14,7 @@ import pytest
 
 from minikv.attacks.workload import long_document_prompt
 from minikv.disagg.switches import SafetySwitches
-from minikv.serve.command import add_serve_arguments, check_args
+from minikv.serve.flags import add_serve_arguments, check_args
 from minikv.serve.launch import ServerProcess, ServerThread
 from minikv.serve.mystery import INCIDENT_PREFILL_PAGES, draw, prefill_pages
 

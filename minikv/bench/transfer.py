@@ -22,7 +22,7 @@ from minikv.disagg.transfer.torch_dist import DistKVManager
 from minikv.engine.audit import OwnershipAudit
 from minikv.engine.page_pool import PagePool
 from minikv.model.llama import ModelConfig
-from minikv.serve.command import positive_int
+from minikv.serve.flags import positive_int
 
 Worker = Callable[[int, dist.Store, float, tuple], dict]
 

@@ -168,7 +168,8 @@ def core_main(args: argparse.Namespace, inbox, outbox, parent_pid: int) -> None:
     import torch
 
     from minikv.model.checkpoint import load_model
-    from minikv.serve.command import check_args, start_door, startup_lines
+    from minikv.serve.backend import start_door, startup_lines
+    from minikv.serve.flags import check_args
     ignore_group_signals()
     try:
         torch.set_num_threads(args.threads)

@@ -118,7 +118,8 @@ class ServerThread(LocalServer):
     """`minikv serve ARGS` on a thread of this process, over an already loaded model and tokenizer."""
 
     def __init__(self, args: list[str], model, tokenizer, port: int | None = None) -> None:
-        from minikv.serve.command import add_serve_arguments, build_server
+        from minikv.serve.command import build_server
+        from minikv.serve.flags import add_serve_arguments
         super().__init__(port)
         parser = argparse.ArgumentParser(prog="minikv serve")
         add_serve_arguments(parser)

@@ -4,6 +4,7 @@ answering takes the pair down: every live and new request is answered 503 (docs/
 """
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import socket
@@ -54,15 +55,20 @@ class DistCluster(PairDoor):
         self._ended: list[Finished] = []
         self._stopper: threading.Thread | None = None  # stops the pair's workers after a failure
         ctx = multiprocessing.get_context("spawn")
-        self._news = ctx.Queue()
+        self._news: queue.Queue = queue.Queue()  # both workers' messages, in the order they arrived here
         self._commands = {rank: ctx.Queue() for rank in self.reports}
+        outboxes = {rank: ctx.Queue() for rank in self.reports}  # one each: see relay()
         spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
                           link_s_per_page, threads)
         self.workers = {rank: ctx.Process(target=worker_main, name=f"minikv-{role}-worker", daemon=True,
-                                          args=(rank, spec, self._commands[rank], self._news, os.getpid()))
+                                          args=(rank, spec, self._commands[rank], outboxes[rank], os.getpid()))
                         for rank, role in enumerate(ROLES)}
-        for process in self.workers.values():
+        self._relays = {rank: threading.Thread(target=relay, args=(outboxes[rank], self._news, process),
+                                               name=f"minikv-{ROLES[rank]}-news", daemon=True)
+                        for rank, process in self.workers.items()}
+        for rank, process in self.workers.items():
             process.start()
+            self._relays[rank].start()
         self._startup: dict[int, str] = {}  # rank -> its startup line
         self._wait_ready()
         self.last_heard = {rank: time.monotonic() for rank in self.workers}  # both just said they are ready
@@ -71,7 +77,7 @@ class DistCluster(PairDoor):
         """Until both workers are Ready; else WorkerStartError (both stopped) naming what went wrong."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while len(self._startup) < len(ROLES):
-            dead = dead_worker(self.workers)  # read before the queue: what a dead worker said is in it by now
+            dead = self._dead_worker()  # read before the queue: what a dead worker said is in it by now
             try:
                 message = self._news.get(timeout=0.1)
             except queue.Empty:
@@ -145,8 +151,15 @@ class DistCluster(PairDoor):
         silent = {rank: time.monotonic() - heard for rank, heard in self.last_heard.items()}
         stalled = next((f"the {ROLES[r]} worker (pid {self.workers[r].pid}) stopped answering: no message "
                         f"for {s:.0f} s" for r, s in silent.items() if s > STALL_S), None)
-        if problem := dead_worker(self.workers) or stalled:
+        if problem := self._dead_worker() or stalled:
             self._fail(problem)
+
+    def _dead_worker(self) -> str | None:
+        """Which worker has exited, and how, once all it said is in the news (its relay has ended)."""
+        for rank, process in self.workers.items():
+            if not self._relays[rank].is_alive():
+                return f"the {ROLES[rank]} worker (pid {process.pid}) exited with code {process.exitcode}"
+        return None
 
     def _fail(self, reason: str) -> None:
         """The pair is down: answer every live request 503 and stop the surviving worker."""
@@ -182,16 +195,21 @@ class DistCluster(PairDoor):
         stop_workers(self.workers, self._commands, self._news)
 
 
-def dead_worker(workers: dict[int, multiprocessing.Process]) -> str | None:
-    """Which worker has exited, and how, or None while both live."""
-    for rank, process in workers.items():
-        if not process.is_alive():
-            return f"the {ROLES[rank]} worker (pid {process.pid}) exited with code {process.exitcode}"
-    return None
+def relay(outbox: multiprocessing.Queue, news: queue.Queue, worker: multiprocessing.Process) -> None:
+    """Move one worker's messages into the front door's news until the worker has exited and all it said
+    is read. Each worker writes a queue of its own: a multiprocessing.Queue's writers share one lock, so a
+    worker stopped while it writes (SIGSTOP, a debugger) would silence the other worker too."""
+    while True:
+        exited = bool(multiprocessing.connection.wait([worker.sentinel], timeout=0))  # before the read
+        try:
+            news.put(outbox.get(timeout=0.1))
+        except queue.Empty:
+            if exited:
+                return
 
 
 def stop_workers(workers: dict[int, multiprocessing.Process], commands: dict[int, multiprocessing.Queue],
-                 news: multiprocessing.Queue) -> None:
+                 news: queue.Queue) -> None:
     """Ask each live worker to stop, keep reading its news (a worker exits only once its queue is
     flushed) until both are gone, kill one that outstays STOP_TIMEOUT_S."""
     for rank, process in workers.items():

@@ -3,13 +3,19 @@
 Closed-loop clients stream the benchmark's requests to `minikv serve SERVE_ARGS` (its HTTP process and its
 engine core, a process of its own since issue #33), read three ways: /proc CPU time
 per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each sample by RULES (docs/benchmarks.md).
+
+`--split` measures instead the engine core on a thread of the HTTP process (one interpreter lock for both,
+as `ServerThread` runs it) against the core in a process of its own (`minikv serve`), in alternating rounds,
+and writes data/serve_split.json (notebook 11 draws it) and its picture, docs/serve_split.png (docs/architecture.md).
 """
 
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -17,10 +23,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
+
 from minikv.bench.benchmark import bench_workload
+from minikv.bench.plot import SPLIT_RECORD, split_figure
+from minikv.bench.report import describe_machine
 from minikv.bench.serving import requests_for, run_load
 from minikv.bench.systems import BenchRequest, Run, serve_all
-from minikv.serve.launch import ServerProcess
+from minikv.serve.launch import LocalServer, ServerProcess
 
 RULES = {  # part -> substrings of a frame; the deepest frame that matches one decides, the first part here wins
     "model: attention": ("minikv/attention/", "minikv/engine/paged_step.py"),
@@ -166,15 +176,85 @@ def table(threads: dict[str, Counter], seconds: int, tokens_per_s: float) -> lis
     return lines
 
 
+ON_A_THREAD = """import sys, threading, torch
+from minikv.model.checkpoint import load_model
+from minikv.serve.launch import ServerThread
+torch.set_num_threads(1)  # as minikv serve's --threads 1
+server = ServerThread(sys.argv[2:], *load_model(device="cpu"), port=int(sys.argv[1]))
+print("admin key:", server.admin_key, flush=True)
+threading.Event().wait()  # until SIGTERM
+"""
+
+
+class CoreOnAThread(ServerProcess):
+    """`minikv serve ARGS` with its engine core on a thread of the HTTP process (`ServerThread`), run in a
+    process of its own so that the clients here do not share its interpreter lock."""
+
+    def __init__(self, args: list[str]) -> None:
+        LocalServer.__init__(self, None)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        self.start([sys.executable, "-c", ON_A_THREAD, str(self.port), *args], env, tempfile.TemporaryFile(mode="w+"))
+        while "admin key:" not in self.output():  # printed right after /health first answers
+            time.sleep(0.1)
+        self.admin_key = self.output().split("admin key:")[1].split()[0]
+
+
+def split_round(server: ServerProcess, clients: int, requests: int) -> dict:
+    """`requests` of the benchmark's workload through `clients` closed-loop clients: the tokens, the wall
+    time, and the CPU seconds (from /proc, unsampled) of the engine core, of the rest of the server (the
+    HTTP side) and of the clients (this process)."""
+    core = server.health()["core"]
+    processes = {pid: thread_names(pid) for pid in {server.process.pid, core["pid"]}}
+
+    def cpu() -> Counter:
+        spent = Counter({"clients": sum(os.times()[:2])})
+        for pid, names in processes.items():
+            for thread, seconds in cpu_seconds(pid, names).items():
+                spent["engine_core" if pid == core["pid"] and (core["runs_on"] == "process" or
+                                                              thread == "engine thread") else "http"] += seconds
+        return spent
+
+    before = cpu()
+    run = asyncio.run(run_load(server.url, "tiny-llama", requests_for(bench_workload(32, 0), requests), clients))
+    spent = cpu() - before
+    assert None not in run.completions, "a request failed"
+    return {"core": core["runs_on"], "tokens": run.tokens, "wall_s": round(run.wall_s, 3),
+            **{f"{part}_cpu_s": round(spent[part], 3) for part in ("engine_core", "http", "clients")},
+            "load_average": round(os.getloadavg()[0], 2)}
+
+
+def split(serve_args: list[str], clients: list[int], rounds: int, requests: int) -> dict:
+    """Alternating rounds (ABBA) over both servers, each warmed up first, both up the whole time."""
+    with CoreOnAThread(serve_args) as on_thread, ServerProcess(serve_args) as on_process:
+        servers = [on_thread, on_process]
+        for server in servers:
+            split_round(server, max(clients), max(clients))  # warm-up
+        measured = {n: [split_round(servers[(i + i // 2) % 2], n, requests) for i in range(2 * rounds)]
+                    for n in clients}
+    return {"command": f"python scripts/profile_serve.py --split --clients {','.join(map(str, clients))} "
+                       f"--rounds {rounds} --requests {requests} -- {' '.join(serve_args)}",
+            "machine": describe_machine(torch.device("cpu"))[1], "date": time.strftime("%Y-%m-%d"),
+            "cores": os.cpu_count(), "rounds": measured}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="32,128")
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("serve_args", nargs="*", default=["--num-pages", "2048", "--context-len", "2048"])
+    parser.add_argument("--split", action="store_true", help="the core on a thread against in a process")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=640)
+    parser.add_argument("--out", type=Path, default=SPLIT_RECORD)
+    parser.add_argument("--figure", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "serve_split.png")
     args = parser.parse_args()
-    import torch
-
     torch.set_num_threads(1)  # as the server's --threads 1
+    if args.split:
+        record = split(args.serve_args, [int(n) for n in args.clients.split(",")], args.rounds, args.requests)
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        split_figure(record).savefig(args.figure, dpi=100)
+        print(json.dumps(record, indent=1))
+        return
     folder = Path(tempfile.mkdtemp(prefix="profile_serve_"))
     failed = 0
     with ServerProcess(args.serve_args) as server:

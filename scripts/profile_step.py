@@ -1,4 +1,4 @@
-"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention|bound|audit] [--iters N]`.
+"""Where one engine step's time goes: `python scripts/profile_step.py [decode|prefill|attention|bound|audit|compile] [--iters N]`.
 
 The benchmark's 32 requests on a scattered pool, one torch thread. decode, prefill: torch.profiler's self time per
 aten operation, its share and where it comes from. attention: one layer's paged attention, request by request
@@ -7,16 +7,20 @@ prompts (1,891 tokens), both sides timed alternately, medians and minimums. boun
 of the step with attention taken out, and of wider models (random weights). audit: a decode step of 32 and of 128
 requests with the ownership audit on and off, each request reading its prompt's full pages from an earlier request
 that sent the same prompt (the prefix cache, as `serve` sees it under closed-loop clients): aten calls per step and
-step times, timed alternately. docs/benchmarks.md quotes all five.
+step times, timed alternately. compile: a decode step of 8 to 128 requests with the layers' dense parts compiled by
+torch.compile (graphs split at the paged attention, as vLLM splits them; the tile plan built in PagedStep, outside),
+against eager, timed alternately. docs/benchmarks.md quotes all six.
 """
 
 import argparse
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from unittest.mock import patch
 
 import torch
+from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
 from minikv.attention.gather import gather_attention
@@ -28,7 +32,7 @@ from minikv.engine.audit import OwnershipAudit
 from minikv.engine.page_pool import PagePool
 from minikv.engine.paged_step import PagedStep, SeqSlice, block_table_tensor
 from minikv.model.checkpoint import load_model
-from minikv.model.llama import Llama
+from minikv.model.llama import Llama, Rotary
 
 ROLE = {  # where each operation comes from in a step
     "aten::mm": "linear layers (qkv, o, gate_up, down, lm_head)",
@@ -188,9 +192,64 @@ def audit_cost(model: Llama, prompts: list[list[int]], iters: int) -> None:
         print(f"| {batch} | {calls[0]:,} | {calls[1]:,} | {median_and_min(on)} | {median_and_min(off)} | {ratio:.3f} |")
 
 
+def piecewise_compiled(model: Llama, batch_ids: torch.Tensor) -> Callable[[PagedStep], list[int]]:
+    """A decode forward with each layer's norm, projections, RoPE and MLP compiled (fixed shapes: one graph per
+    batch size, as a bucket would be), the paged attention eager between them; greedy."""
+    H, KVH, D = model.config.num_heads, model.config.num_kv_heads, model.config.head_dim
+
+    def before_attention(layer, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        qkv = layer.self_attn.qkv_proj(layer.input_layernorm(x)).view(len(x), H + 2 * KVH, D)  # (B, H + 2 KVH, D)
+        qk = Rotary.rotate(qkv[:, : H + KVH], (cos, sin))
+        return qk[:, :H].contiguous(), qk[:, H:].contiguous(), qkv[:, H + KVH :].contiguous()
+
+    def after_attention(layer, x: Tensor, out: Tensor) -> Tensor:
+        x = x + layer.self_attn.o_proj(out.reshape(len(x), H * D))  # (B, hidden)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    compiled = [torch.compile(f, dynamic=False, fullgraph=True) for f in (before_attention, after_attention)]
+    head = torch.compile(lambda x: model.lm_head(model.norm(x)), dynamic=False, fullgraph=True)
+
+    @torch.inference_mode()
+    def run(step: PagedStep) -> list[int]:
+        x = model.embed_tokens(batch_ids)  # (B, hidden)
+        cos, sin = model.rotary.cos_sin(step.positions, x.dtype)
+        for layer in model.layers:
+            q, k, v = compiled[0](layer, x, cos, sin)
+            x = compiled[1](layer, x, step.attend(layer.self_attn.layer, q, k, v))
+        return head(x).argmax(-1).tolist()
+
+    return run
+
+
+def compile_cost(model: Llama, prompts: list[list[int]], iters: int) -> None:
+    """A decode step, the dense parts compiled (piecewise) against eager, at 8 to 128 requests."""
+    print("| requests | compile time (s) | eager step (ms CPU) | compiled step | eager / compiled | same tokens |\n"
+          "| ---: | ---: | ---: | ---: | ---: | --- |")
+    for batch in (8, 32, 64, 128):
+        lens = [len(p) for p in (prompts * 8)[:batch]]
+        pool, tables = scattered_pool(model, lens, PAGE_SIZE)
+        slices = [SeqSlice(i + 1, t, n, 1) for i, (t, n) in enumerate(zip(tables, lens))]
+        ids = torch.zeros(batch, dtype=torch.long, device=model.device)
+        torch._dynamo.reset()
+        forward = piecewise_compiled(model, ids)
+
+        @torch.inference_mode()
+        def eager() -> list[int]:
+            step = PagedStep(pool, slices)
+            return model(ids, step.positions, step).argmax(-1).tolist()
+
+        def compiled() -> list[int]:
+            return forward(PagedStep(pool, slices))
+        start = time.perf_counter()
+        same = compiled() == eager()
+        took = time.perf_counter() - start
+        e, c = paired_seconds([eager, compiled], iters, warmup=3, clock=time.thread_time)
+        print(f"| {batch} | {took:.1f} | {1e3 * e:.2f} | {1e3 * c:.2f} | {e / c:.2f}x | {same} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention", "bound", "audit"], default="decode")
+    parser.add_argument("what", nargs="?", choices=["decode", "prefill", "attention", "bound", "audit", "compile"], default="decode")
     parser.add_argument("--iters", type=int, default=100, help="attention: timed decode calls (a tenth for prefill)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -200,6 +259,8 @@ def main() -> None:
         attention(model, [len(p) for p in prompts], args.iters)
     elif args.what == "audit":
         audit_cost(model, prompts, min(args.iters, 50))
+    elif args.what == "compile":
+        compile_cost(model, prompts, min(args.iters, 50))
     elif args.what == "bound":
         bound(model, prompts, min(args.iters, 50))
     else:

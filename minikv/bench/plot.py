@@ -1,7 +1,9 @@
 """The benchmark as one figure (docs/bench.png): throughput, KV memory reserved against filled, the decode
-step against its floor, and each safety switch's cost as time relative to the vulnerable pair."""
+step against its floor, and each safety switch's cost as time relative to the vulnerable pair. And where a
+served token's time goes with the engine core on a thread and in a process (docs/serve_split.png)."""
 
 import os
+import statistics
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -68,6 +70,51 @@ def floor_panel(ax, report: BenchReport) -> None:
     ax.set_ylim(0, f.step_s * 1e3 * 1.25)
     ax.set_ylabel("ms (of CPU time on a CPU)")
     ax.legend(loc="upper left", fontsize=8)
+
+
+SPLIT_RECORD = Path(__file__).resolve().parents[2] / "data" / "serve_split.json"  # profile_serve.py --split
+SPLIT_PARTS = {"engine_core_cpu_s": ("engine core", MINIKV), "http_cpu_s": ("HTTP side", PAIR),
+               "clients_cpu_s": ("the clients", HF), "rest": ("cores idle or other work", "#eeeeee")}
+CORE_AT = {"thread": "core on a thread\nof the HTTP process", "process": "core in a\nprocess of its own"}
+
+
+def split_parts(rounds: list[dict], cores: int) -> dict[str, dict[str, float]]:
+    """Per way of running the core: the median over its rounds of each part's ms per token served, the
+    machine's time a token (cores x wall / tokens), and tokens/s."""
+    parts: dict[str, dict[str, float]] = {}
+    for core in CORE_AT:
+        mine = [r for r in rounds if r["core"] == core]
+        per_token = {key: [1e3 * r[key] / r["tokens"] for r in mine] for key in list(SPLIT_PARTS)[:3]}
+        per_token["machine"] = [1e3 * cores * r["wall_s"] / r["tokens"] for r in mine]
+        parts[core] = {key: statistics.median(v) for key, v in per_token.items()}
+        parts[core]["rest"] = parts[core]["machine"] - sum(parts[core][key] for key in list(SPLIT_PARTS)[:3])
+        parts[core]["tokens_per_s"] = statistics.median(r["tokens"] / r["wall_s"] for r in mine)
+    return parts
+
+
+def split_figure(record: dict) -> Figure:
+    """One panel per client count: a bar per way of running the core, as long as the machine's time per
+    token served (all its cores), cut into what each part spent on a CPU; tokens/s at its end."""
+    loads = record["rounds"]
+    fig = Figure(figsize=(11, 1.2 + 1.6 * len(loads)), layout="constrained")
+    for ax, (clients, rounds) in zip(fig.subplots(len(loads), 1, squeeze=False)[:, 0], loads.items()):
+        parts = split_parts(rounds, record["cores"])
+        left = [0.0, 0.0]
+        for key, (label, colour) in SPLIT_PARTS.items():
+            widths = [parts[core][key] for core in CORE_AT]
+            bars = ax.barh(list(CORE_AT.values()), widths, left=left, color=colour, label=label,
+                           edgecolor="white")
+            ax.bar_label(bars, labels=[f"{w:.2f}" for w in widths], label_type="center", fontsize=8)
+            left = [a + b for a, b in zip(left, widths)]
+        for y, core in enumerate(CORE_AT):
+            ax.text(left[y], y, f"  {parts[core]['tokens_per_s']:,.0f} tokens/s", va="center", fontsize=9)
+        ax.set_xlim(0, max(left) * 1.3)
+        ax.invert_yaxis()
+        ax.set_title(f"{clients} streaming clients", fontsize=10)
+        ax.set_xlabel(f"ms of the machine's time per token served ({record['cores']} cores x wall time / "
+                      "tokens; shorter is faster)", fontsize=9)
+    fig.legend(*fig.axes[0].get_legend_handles_labels(), loc="outside lower center", fontsize=8, ncol=4)
+    return fig
 
 
 def plot_path_problem(path: str | Path) -> str | None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import openai
 
+from minikv.bench.plot import SPLIT_RECORD, split_figure, split_parts
 from minikv.disagg.cluster import ClusterConfig, startup_problem
 from minikv.logs.gateway_log import GatewayRecord, iter_log
 from minikv.logs.scan import Signals, implied_prefill_rate, scan_log
@@ -278,6 +279,41 @@ print("exit status of each server:", exit_statuses)
 assert exit_statuses == [0, 0]
 
 # %% [markdown]
+# ## Why `minikv serve` gives its engine core a process of its own
+#
+# In this notebook the engine core runs on a thread of the kernel, beside the HTTP side: one Python
+# interpreter, so one interpreter lock for both. Only one of them runs Python at a time; while the event
+# loop parses a request or writes a chunk, the engine waits for the lock, even with a core free.
+# `minikv serve` in a terminal spawns the same loop (`CoreLoop`, `minikv/serve/core.py`) in a process of
+# its own, as vLLM runs its engine core and SGLang its scheduler. The HTTP process sends it `Submit` and
+# `Cancel` messages and reads back one `StepOutput` a step (`minikv/serve/engine_loop.py`).
+#
+# The picture is a measurement of ours, recorded on this project's 2-core machine (the record names the
+# machine, the date and the command, `python scripts/profile_serve.py --split`, about 2.5 minutes): the
+# same server started both ways, both up at once, streaming clients on the same machine sending the
+# benchmark's requests to each in turn, 4 rounds each. Each bar is as long as the machine's time per token
+# served (2 cores × wall time ÷ tokens), cut into what each part spent on a CPU (read from `/proc`), medians
+# of the rounds. The light part is time no part of the test used: on a thread, the engine waiting for the
+# interpreter lock while a core sat idle. In a process of its own that part shrinks, and the same tokens
+# take less of the machine.
+
+# %%
+split = json.loads(SPLIT_RECORD.read_text())
+print(split["machine"], split["date"])
+for clients, rounds in split["rounds"].items():
+    parts = split_parts(rounds, split["cores"])
+    thread, process = parts["thread"], parts["process"]
+    print(f"{clients:>3} clients: {thread['tokens_per_s']:,.0f} tokens/s with the core on a thread, "
+          f"{process['tokens_per_s']:,.0f} in a process ({process['tokens_per_s'] / thread['tokens_per_s']:.2f}x); "
+          f"unused: {thread['rest'] / thread['machine']:.0%} of the machine, then {process['rest'] / process['machine']:.0%}")
+    assert process["tokens_per_s"] > thread["tokens_per_s"] and process["rest"] < thread["rest"]
+split_figure(split)
+
+# %% [markdown]
+# The clients take a quarter to a third of the machine here: on a laptop they share its cores with the
+# server, as they do in every benchmark of this series. The engine alone, with no HTTP and no clients, is
+# faster still (docs/benchmarks.md).
+#
 # ## Exercises
 #
 # **1.** The server decides who a request comes from by its key alone. Write `tenant_of(authorization,

@@ -7,6 +7,9 @@ per thread, `py-spy record --idle` and `--gil` (`pip install py-spy`), each samp
 `--split` measures instead the engine core on a thread of the HTTP process (one interpreter lock for both,
 as `ServerThread` runs it) against the core in a process of its own (`minikv serve`), in alternating rounds,
 and writes data/serve_split.json (notebook 11 draws it) and its picture, docs/serve_split.png (docs/architecture.md).
+
+`--phases` counts the engine's steps by phase (prefill or decode) and the requests in each, over `--requests`
+distinct prompts from closed-loop clients (the server on a thread here, `Scheduler.schedule` wrapped to count).
 """
 
 import argparse
@@ -237,18 +240,49 @@ def split(serve_args: list[str], clients: list[int], rounds: int, requests: int)
             "cores": os.cpu_count(), "rounds": measured}
 
 
+def phases(serve_args: list[str], clients: list[int], requests: int) -> None:
+    """Steps by phase and requests a step under closed-loop clients on distinct prompts."""
+    from minikv.engine.scheduler import Scheduler
+    from minikv.model.checkpoint import load_model
+    from minikv.serve.launch import ServerThread
+
+    steps, seqs = Counter(), Counter()
+    schedule = Scheduler.schedule
+
+    def counted(self: Scheduler):
+        batch = schedule(self)
+        if batch is not None:
+            steps[batch.phase] += 1
+            seqs[batch.phase] += len(batch.seqs)
+        return batch
+
+    Scheduler.schedule = counted  # this process only: the server runs on a thread here
+    with ServerThread(serve_args, *load_model(device="cpu")) as server:
+        for n in clients:
+            steps.clear()
+            seqs.clear()
+            run = asyncio.run(run_load(server.url, "tiny-llama", bench_workload(requests, 0), n))
+            print(f"{n} clients, {requests} distinct prompts: " + ", ".join(
+                f"{steps[p]} {p} steps of {seqs[p] / steps[p]:.1f} requests" for p in sorted(steps))
+                + f"; {run.tokens / sum(steps.values()):.1f} output tokens a step", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="32,128")
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("serve_args", nargs="*", default=["--num-pages", "2048", "--context-len", "2048"])
     parser.add_argument("--split", action="store_true", help="the core on a thread against in a process")
+    parser.add_argument("--phases", action="store_true", help="the engine's steps by phase")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=640)
     parser.add_argument("--out", type=Path, default=SPLIT_RECORD)
     parser.add_argument("--figure", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "serve_split.png")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as the server's --threads 1
+    if args.phases:
+        phases(args.serve_args, [int(n) for n in args.clients.split(",")], args.requests)
+        return
     if args.split:
         record = split(args.serve_args, [int(n) for n in args.clients.split(",")], args.rounds, args.requests)
         args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -86,15 +86,19 @@ def test_paged_step_equals_gather_path_and_reference(phase, config, page_size):
 
 
 @pytest.mark.parametrize("config", [GQA, MHA], ids=["gqa", "mha"])
-def test_paged_step_tiles_a_large_decode_batch_and_equals_the_reference(config):
-    """A CPU decode batch of CPU_TILES_MIN_BATCH requests goes through the tiles, with the reference's output."""
+@pytest.mark.parametrize("phase, page_size, num_seqs", [("decode", 4, CPU_TILES_MIN_BATCH), ("mixed", 16, 44)])
+def test_paged_step_tiles_the_one_token_rows_of_a_large_batch_and_equals_the_reference(config, phase, page_size,
+                                                                                     num_seqs):
+    """A CPU decode batch of CPU_TILES_MIN_BATCH requests goes through the tiles; so do the one-token rows of a
+    mixed step with that many (its prompts through the gather, `split_attention`). The reference's output."""
     for seed in range(3):
-        fast, _, slow = three_pools(config, 4, seed)
-        seqs = random_batch(30 + seed, "decode", 4, num_pages=256, num_seqs=CPU_TILES_MIN_BATCH)
+        fast, _, slow = three_pools(config, page_size, seed)
+        seqs = random_batch(seed + (30 if phase == "decode" else 0), phase, page_size, num_seqs=num_seqs)
+        assert sum(s.num_new == 1 for s in seqs) >= CPU_TILES_MIN_BATCH
         q, k, v = qkv(config, seqs)
         step = PagedStep(fast, seqs)
         out_fast = step.attend(1, q, k, v)
-        assert step.plans, "the tiles were not used"
+        assert (step.plans if phase == "decode" else step.split), "the tiles were not used"
         assert torch.allclose(out_fast, paged_attention_reference(slow, 1, seqs, q, k, v), atol=1e-5)
         assert torch.equal(fast.kv, slow.kv)
 
@@ -177,3 +181,4 @@ def test_values_summed_from_the_pool_equal_the_gathered_product(config):
         D = config.head_dim
         values = pool.kv[0, 1].reshape(-1, D)[plan.kv_rows].view(len(plan.tile_block), config.num_kv_heads, plan.block_k, D)
         assert torch.allclose(got, probs @ values, atol=1e-5)
+

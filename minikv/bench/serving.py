@@ -211,7 +211,7 @@ def run_serving_command(args: argparse.Namespace) -> int:
         except (ServerStartError, PeerError) as e:
             raise ValueError(str(e).splitlines()[0][:300]) from None
         command = (f"python -m minikv bench --serve --clients {args.clients} --rounds {args.rounds} "
-                   f"--num-pages {args.num_pages} --context-len {args.context_len}"
+                   f"--requests {args.requests} --num-pages {args.num_pages} --context-len {args.context_len}"
                    + (f" --max-batch {args.max_batch}" if args.max_batch is not None else ""))
         report = run_serving(urls, bench_workload(args.requests, args.seed), clients, args.rounds, command, to_stderr)
     if report.mismatched and not report.loads:

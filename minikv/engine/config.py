@@ -34,6 +34,7 @@ class EngineConfig(CacheSwitches):
     max_batch_size: int = 64  # requests running at once (serve's --max-batch, default batch_for_pool)
     max_prefill_tokens: int = 2048  # prompt tokens prefilled in one step
     chunked_prefill: bool = False  # longer prompts go max_prefill_tokens at a time, a decode step after each
+    mixed_steps: bool = False  # each step decodes the running requests and prefills waiting ones beside them
     audit: bool = True  # check every read against the ownership ledger
     event_log: bool = True  # record every allocation, write, read, free and state change
     event_log_limit: int | None = None  # keep about this many recent events (a server); None: all

@@ -59,7 +59,8 @@ class Engine(FrontDoor):
                                                model.dtype, node, config.audit, config.prefix_caching,
                                                config.scrub_on_free, tenants)
         self.scheduler = Scheduler(self.pool, self.log, node, self.clock, tokenizer,
-                                   config.max_prefill_tokens, config.max_batch_size, config.chunked_prefill)
+                                   config.max_prefill_tokens, config.max_batch_size, config.chunked_prefill,
+                                   config.mixed_steps)
         self.runner = ModelRunner(model, self.pool, self.audit, self.log, node)
 
     def startup_log(self) -> list[str]:

@@ -65,6 +65,15 @@ class PagedStep:
         self.last_rows = torch.cumsum(self.num_new, 0) - 1  # (B,) each request's last new token among the N
         self.decode = max(s.num_new for s in seqs) == 1
         self.plans: dict[bool, TilePlan] = {}  # last_only -> the tiles of that read, built on first use
+        ones = [b for b, s in enumerate(seqs) if s.num_new == 1]  # a mixed step's decode rows: by the tiles
+        self.split = (device.type == "cpu" and not self.decode and len(ones) >= CPU_TILES_MIN_BATCH)
+        if self.split:
+            one = torch.tensor(ones, device=device)  # (B1,)
+            self.one_rows = self.last_rows[one]  # (B1,) a 1-token request's row is its last
+            self.many_rows = torch.ones(len(self.slot_mapping), dtype=torch.bool, device=device)  # (N,)
+            self.many_rows[self.one_rows] = False
+            self.one_plan = tile_plan(self.block_tables[one], self.starts[one], self.num_new[one], ps,
+                                      pool.kv.shape[-2], block_q=1, pages_per_tile=1)
         if self.gathers(last_only=False) or audit is not None:
             key_pos = torch.arange(int(self.ends.max()), device=device)  # (S,)
             self.key_valid = key_pos[None, :] < self.ends[:, None]  # (B, S)
@@ -93,10 +102,23 @@ class PagedStep:
         k_cache, v_cache = self.store(layer, k, v)
         last_only = last_only and not self.decode  # in decode every query is a request's last
         assert len(q) == (len(self.seqs) if last_only else len(self.slot_mapping)), "one query per row read"
+        if self.split and not last_only:  # a mixed step on a CPU: one-token rows tiled, prompts gathered
+            return self.split_attention(layer, q, k_cache, v_cache)
         if self.gathers(last_only):
             starts = [s.end - 1 for s in self.seqs] if last_only else [s.start for s in self.seqs]
             return gather_attention(q, k_cache, v_cache, self.context_slots, starts)
         return tiled_attention(q, self.pool.kv[layer], self.plan(last_only))  # (N or B, H, D)
+
+    def split_attention(self, layer: int, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        """Each 1-token request's query by one tiled call, every longer request's by the gather; (N, H, D)."""
+        out = torch.empty_like(q)  # (N, H, D)
+        ones = tiled_attention(q[self.one_rows], self.pool.kv[layer], self.one_plan)  # (B1, H, D)
+        out[self.one_rows] = ones
+        many = [b for b, s in enumerate(self.seqs) if s.num_new > 1]
+        out[self.many_rows] = gather_attention(q[self.many_rows], k_cache, v_cache,
+                                               [self.context_slots[b] for b in many],
+                                               [self.seqs[b].start for b in many])
+        return out
 
     def gathers(self, last_only: bool) -> bool:
         """Whether a read takes the gather path: on a CPU, unless one query per request of a large batch."""

@@ -2,9 +2,10 @@
 step's outcome does to every request (`postprocess`, the one owner of a request's step).
 
 Each step is a *prefill* (waiting prompts, up to a token budget) or a *decode* (one token for every running
-request). Waiting requests are admitted fairly across tenants (fairness.py), each only when the pool has
-pages for its whole length; a decode that finds no page preempts the newest request (its own tenant's when
-partitioned), recomputed later. The disaggregated nodes use the same scheduler. See docs/engine.md.
+request), or with `mixed` both at once, as vLLM's steps are. Waiting requests are admitted fairly across
+tenants (fairness.py), each only when the pool has pages for its whole length; a decode that finds no page
+preempts the newest request (its own tenant's when partitioned), recomputed later. The disaggregated nodes
+use the same scheduler. See docs/engine.md.
 """
 
 import time
@@ -27,7 +28,7 @@ from minikv.engine.request import Finished, Sequence, SeqStatus
 class ScheduledBatch:
     """The next step's work: the phase, and for each request the tokens it runs."""
 
-    phase: Literal["prefill", "decode"]
+    phase: Literal["prefill", "decode", "mixed"]
     seqs: list[Sequence]
     new_tokens: list[list[int]]  # per sequence: token ids whose K/V this step computes
 
@@ -41,10 +42,12 @@ class Scheduler:
     """Waiting queue, running batch, the page bookkeeping between them, and each step's outcome."""
 
     def __init__(self, pool: PagePool, log: EventLog, node: str, clock: Clock, tok: PreTrainedTokenizerBase,
-                 max_prefill_tokens: int, max_batch_size: int | None = None, chunked: bool = False) -> None:
+                 max_prefill_tokens: int, max_batch_size: int | None = None, chunked: bool = False,
+                 mixed: bool = False) -> None:
         self.pool, self.log, self.node, self.clock, self.tokenizer = pool, log, node, clock, tok
         self.max_prefill_tokens, self.max_batch_size = max_prefill_tokens, max_batch_size
         self.chunked_prefill = chunked  # prompts prefilled max_prefill_tokens at a time, decode steps between
+        self.mixed = mixed  # each step: every running request's next token, and prompts beside them
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.last_phase: str | None = None
@@ -61,6 +64,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         """The newcomers' prompts alone if any fit; else waiting prompts if any fit, else decode every running
         request. With chunked prefill a decode step follows each prefill step, except for a newcomer's."""
+        if self.mixed:
+            return self.schedule_mixed()
         batch = self._prefill(None, self.newcomers())
         if batch is None:
             decode_turn = self.chunked_prefill and self.last_phase == "prefill"
@@ -70,6 +75,17 @@ class Scheduler:
                 batch = self._prefill(None, None) or self.schedule_decode()
         self.last_phase = batch.phase if batch is not None else None
         return batch
+
+    def schedule_mixed(self) -> ScheduledBatch | None:
+        """A newcomer's prompts alone if any fit (as in `schedule`); else one step of both: every running
+        request's next token (pages first: a decode may preempt), then the prompts the budget takes."""
+        if (newcomers := self._prefill(None, self.newcomers())) is not None:
+            return newcomers
+        decode = self.schedule_decode()
+        prefill = self._prefill(None, None)
+        if decode is None or prefill is None:
+            return decode or prefill
+        return ScheduledBatch("mixed", decode.seqs + prefill.seqs, decode.new_tokens + prefill.new_tokens)
 
     def newcomers(self) -> set[str]:
         """With chunked prefill, the tenants with a request waiting and none running (just arrived, or
@@ -166,7 +182,7 @@ class Scheduler:
     def cache_prompt_pages(self, batch: ScheduledBatch, sampled: list[Sampled]) -> None:
         """After a prefill forward: name each served request's full prompt pages in the prefix cache (their
         K/V are now in the pool), before a request that finishes frees them."""
-        if (cache := self.pool.prefix_cache) is None or batch.phase != "prefill":
+        if (cache := self.pool.prefix_cache) is None or batch.phase == "decode":
             return
         for seq, tokens, choice in zip(batch.seqs, batch.new_tokens, sampled, strict=True):
             if choice.error is None:

@@ -27,7 +27,8 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
     """The Engine, or the Cluster with its switches (in two worker processes with `transport="distributed"`).
     The event log is off (a server runs for days); the audit stays on. With `cache_partition` every pool is
     cut for `tenants` (one a key) and raised, if need be, until each tenant's quota holds a context window.
-    The single engine runs `max_batch` requests at once, by default as many as its pool admits."""
+    The single engine runs `max_batch` requests at once, by default as many as its pool admits, and prefills
+    prompts in its decode steps (mixed steps: docs/benchmarks.md)."""
     context = {"context_len": context_len} if context_len else {}
     context["cache_tenants"] = max(1, tenants)
     if prefill_chunk:  # on the single engine, or on the pair's prefill node
@@ -47,7 +48,7 @@ def build_backend(model: Llama, tokenizer: PreTrainedTokenizerBase, switches: Sa
     if switches.cache_partition:
         config = replace(config, num_pages=quota(num_pages, config))
     batch = max_batch or batch_for_pool(config.num_pages * config.page_size)
-    return Engine(model, tokenizer, replace(config, max_batch_size=batch))
+    return Engine(model, tokenizer, replace(config, max_batch_size=batch, mixed_steps=True))
 
 
 def quota(pages: int, config: EngineConfig | ClusterConfig) -> int:

@@ -61,7 +61,8 @@ class DistCluster(PairDoor):
         spec = WorkerSpec(free_port(), model_dir, devices or pair_devices("cpu"), config, switches,
                           link_s_per_page, threads)
         self.workers = {rank: ctx.Process(target=worker_main, name=f"minikv-{role}-worker", daemon=True,
-                                          args=(rank, spec, self._commands[rank], outboxes[rank], os.getpid()))
+                                          args=(rank, spec, self._commands[rank], outboxes[rank],
+                                                os.getpid()))
                         for rank, role in enumerate(ROLES)}
         self._relays = {rank: threading.Thread(target=relay, args=(outboxes[rank], self._news, process),
                                                name=f"minikv-{ROLES[rank]}-news", daemon=True)

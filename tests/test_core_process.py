@@ -16,6 +16,8 @@ from minikv.engine.config import EngineConfig
 from minikv.engine.engine import Engine
 from minikv.engine.request import Request, Sequence
 from minikv.serve.core import Cancel, CoreLoop, StepOutput, Stop, Submit
+from minikv.serve import engine_loop
+from minikv.serve.engine_loop import EngineLoop
 from minikv.serve.launch import ServerProcess
 from processes import running
 
@@ -105,6 +107,42 @@ def test_a_stopped_core_is_detected_and_ended():
         finally:
             if running(core_pid):
                 os.kill(core_pid, signal.SIGKILL)
+
+
+class HalfWrittenCore:
+    """A core that stopped halfway through writing a message: alive, silent, and a read of its outbox never
+    returns (the reader has the message's length and waits for the rest)."""
+
+    where, door, pid = "process", None, 0
+
+    def __init__(self) -> None:
+        self.inbox, self.ended = queue.Queue(), threading.Event()
+        self.worker = threading.Thread(target=self.ended.wait, daemon=True)  # alive until end()
+        self.outbox = self  # get() below
+
+    def get(self, timeout: float | None = None) -> None:
+        self.ended.wait()  # no timeout honoured: stuck in the middle of a message
+        raise queue.Empty
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def end(self, timeout_s: float) -> None:
+        self.ended.set()
+
+
+def test_a_core_stopped_mid_message_is_still_declared_down(tiny, monkeypatch):
+    """The reader waits forever for the rest of a half-written message; the watchdog, on a thread of its own,
+    still sees the silence, answers 503 from then on and ends the core."""
+    monkeypatch.setattr(engine_loop, "STALL_S", 0.5)
+    core = HalfWrittenCore()
+    loop = EngineLoop(core, tiny[1])
+    loop.start()
+    deadline = time.monotonic() + 10
+    while loop.failure is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loop.failure is not None and "stopped answering" in loop.failure
+    assert core.ended.is_set()
 
 
 def test_one_step_is_one_message_with_every_live_request(tiny):

@@ -23,7 +23,7 @@ from minikv.model.tokenizer import longest_token_chars
 from minikv.serve.core import (SHUTTING_DOWN, Cancel, CoreFailed, CoreLoop, Drain, Ready, StepOutput, Stop,
                                Submit, core_main)
 
-READ_WAIT_S = 0.1  # how long the reader waits for a StepOutput before checking that the core lives
+READ_WAIT_S = 0.1  # how long the reader waits for a StepOutput, and the watchdog between its looks
 START_TIMEOUT_S = 180.0  # the core loads a model (the pair's workers theirs too): slow on a busy machine
 STOP_TIMEOUT_S = 10.0
 UNAVAILABLE = "service unavailable: the engine core is down"  # what clients are told
@@ -146,6 +146,7 @@ class EngineLoop:
         self._stats_known = threading.Event()  # set by the core's first StepOutput
         self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="minikv-core-reader", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="minikv-core-watchdog", daemon=True)
 
     # -- any thread -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +155,7 @@ class EngineLoop:
         self.core.start()
         self._last_heard = time.monotonic()
         self._reader.start()
+        self._watchdog.start()
         self._stats_known.wait(STALL_S)
 
     def stop(self) -> None:
@@ -196,21 +198,29 @@ class EngineLoop:
         core = {"pid": self.core.pid, "runs_on": self.core.where, "alive": self.core.worker.is_alive()}
         return self._stats | {"core": core} | ({"failure": self.failure} if self.failure else {})
 
-    # -- the reader thread ------------------------------------------------------------------------
+    # -- the reader and the watchdog threads ----------------------------------------------------------
     def _read(self) -> None:
-        """Hand over each StepOutput until the core ends; if it dies or goes silent, the server is down."""
-        while True:
+        """Hand over each StepOutput until the core has ended and all it said is read, or it is down."""
+        while self.failure is None:
             try:
                 message = self.core.outbox.get(timeout=READ_WAIT_S)
             except queue.Empty:
-                if (problem := self._core_problem()) is not None:
-                    if not self._stopping:
-                        self._fail(problem)
+                if not self.core.worker.is_alive():
                     return
                 continue
             self._last_heard = time.monotonic()
             if isinstance(message, StepOutput):
                 self._hand_over(message)
+
+    def _watch(self) -> None:
+        """If the core dies or goes silent, the server is down. Not the reader's job: a core stopped halfway
+        through writing a message leaves the reader waiting, mid-read, for the rest."""
+        while not self._stopping:
+            if (problem := self._core_problem()) is not None:
+                if not self._stopping:
+                    self._fail(problem)
+                return
+            time.sleep(READ_WAIT_S)
 
     def _core_problem(self) -> str | None:
         """Why the core is down (it ended, or it has been silent for STALL_S), or None."""
